@@ -1,0 +1,56 @@
+"""funcopt: optimizers as pure functions for PyTorch, and drop-in torch.optim classes.
+
+Functional API (``init``/``update`` over pytrees, composable with ``torch.func``)::
+
+    import funcopt as fo
+    tx = fo.nadam(lr=2e-3)
+    state = tx.init(params)
+    updates, state = tx.update(grads, state, params)
+    params = fo.apply_updates(params, updates)
+
+Stateful API (subclasses of ``torch.optim.Optimizer``)::
+
+    opt = fo.NAdam(model.parameters(), lr=2e-3)
+"""
+
+from ._src.adadelta import Adadelta, AdadeltaState, adadelta
+from ._src.adagrad import Adagrad, AdagradState, adagrad
+from ._src.adamax import Adamax, AdamaxState, adamax
+from ._src.adapter import Optimizer
+from ._src.base import (
+    EmptyState,
+    GradientTransformation,
+    Params,
+    State,
+    Updates,
+    apply_updates,
+    chain,
+)
+from ._src.clipping import clip_by_global_norm
+from ._src.nadam import NAdam, NAdamState, nadam
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Adadelta",
+    "AdadeltaState",
+    "Adagrad",
+    "AdagradState",
+    "Adamax",
+    "AdamaxState",
+    "EmptyState",
+    "GradientTransformation",
+    "NAdam",
+    "NAdamState",
+    "Optimizer",
+    "Params",
+    "State",
+    "Updates",
+    "adadelta",
+    "adagrad",
+    "adamax",
+    "apply_updates",
+    "chain",
+    "clip_by_global_norm",
+    "nadam",
+]

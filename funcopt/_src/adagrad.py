@@ -1,0 +1,152 @@
+"""Adagrad (Duchi et al., 2011), as ``torch.optim.Adagrad``.
+
+.. math::
+   \\tilde\\gamma = \\frac{\\gamma}{1 + (t - 1)\\eta}, \\quad
+   s_t = s_{t-1} + g_t^2, \\quad
+   \\theta_t = \\theta_{t-1} - \\tilde\\gamma\\, \\frac{g_t}{\\sqrt{s_t} + \\epsilon}
+
+Sparse gradients update only the entries they hold, as in torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+from torch.optim.optimizer import ParamsT
+
+from .adapter import Optimizer
+from .algorithm import Algorithm, Bound
+from .base import GradientTransformation, Params
+from .ops import nonzero
+
+
+class AdagradState(NamedTuple):
+    """Per-param state (each field mirrors the params pytree), with torch's keys."""
+
+    step: Params
+    sum: Params
+
+
+def _initial(*, initial_accumulator_value: Any, **_: Any) -> AdagradState:
+    return AdagradState(step=0.0, sum=initial_accumulator_value)
+
+
+def _schedule(step, *, lr, lr_decay, **_):
+    step = step + 1
+    return (step,), (lr / (1 + (step - 1) * lr_decay),)
+
+
+def _elementwise(o, p, g, sum_, coefficients, *, eps, weight_decay, maximize, **_):
+    (clr,) = coefficients
+    out = o.start(p)
+    if maximize:
+        g = o.neg(g)
+    if nonzero(weight_decay):
+        if g.is_sparse:
+            raise RuntimeError("weight_decay option is not compatible with sparse gradients")
+        g = o.add(g, p, alpha=weight_decay)
+    if g.is_sparse:  # the update is non-linear, so indices must be unique
+        g = g.coalesce()
+        indices, values = g._indices(), g._values()
+        sum_ = o.add_(sum_, torch.sparse_coo_tensor(indices, values.pow(2), g.shape))
+        std_values = o.add_(o.sqrt_(sum_.sparse_mask(g)._values()), eps)
+        step = torch.sparse_coo_tensor(indices, values / std_values, g.shape)
+        out = o.add_(out, step, alpha=-clr)
+    else:
+        sum_ = o.addcmul_(sum_, g, g, value=1)
+        std = o.add_(o.sqrt(sum_), eps)
+        out = o.addcdiv_(out, g, std, value=-clr)
+    return out, (sum_,)
+
+
+ADAGRAD = Algorithm(
+    name="Adagrad",
+    state=AdagradState,
+    counters=("step",),
+    initial=_initial,
+    schedule=_schedule,
+    elementwise=_elementwise,
+    bounds=(
+        Bound("lr", "Invalid learning rate: {}"),
+        Bound("lr_decay", "Invalid lr_decay value: {}"),
+        Bound("weight_decay", "Invalid weight_decay value: {}"),
+        Bound("initial_accumulator_value", "Invalid initial_accumulator_value value: {}"),
+        Bound("eps", "Invalid epsilon value: {}"),
+    ),
+    sparse=True,
+    eager_state=True,
+)
+
+
+def adagrad(
+    lr: float | Tensor = 1e-2,
+    lr_decay: float | Tensor = 0.0,
+    weight_decay: float | Tensor = 0.0,
+    initial_accumulator_value: float | Tensor = 0.0,
+    eps: float | Tensor = 1e-10,
+    maximize: bool = False,
+) -> GradientTransformation:
+    """Adagrad as a pure transformation, with ``torch.optim.Adagrad``'s arguments.
+
+    Args:
+        lr: learning rate.
+        lr_decay: the learning rate at step ``t`` is ``lr / (1 + (t - 1) * lr_decay)``.
+        weight_decay: L2 penalty, added to the gradient as ``weight_decay * param``.
+        initial_accumulator_value: starting value of the sum of squared gradients.
+        eps: added to the denominator (after the square root).
+        maximize: maximize the objective instead of minimizing it.
+
+    Hyperparameters may be 0-d tensors, to differentiate or ``vmap`` over them.
+    Sparse gradients are accepted (without weight decay), as in torch.
+
+    Example::
+
+        tx = fo.adagrad(lr=0.1)
+        state = tx.init(params)
+        updates, state = tx.update(grads, state, params)
+        params = fo.apply_updates(params, updates)
+    """
+    return ADAGRAD.transform(
+        lr=lr,
+        lr_decay=lr_decay,
+        weight_decay=weight_decay,
+        initial_accumulator_value=initial_accumulator_value,
+        eps=eps,
+        maximize=maximize,
+    )
+
+
+class Adagrad(Optimizer):
+    """Drop-in ``torch.optim.Adagrad``: same arguments, state keys and ``state_dict``
+    format (its state is created at construction, as torch does), running funcopt's
+    `adagrad` math in place."""
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float | Tensor = 1e-2,
+        lr_decay: float = 0,
+        weight_decay: float = 0,
+        initial_accumulator_value: float = 0,
+        eps: float = 1e-10,
+        foreach: bool | None = None,
+        *,
+        maximize: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+    ) -> None:
+        super().__init__(
+            params,
+            ADAGRAD,
+            lr=lr,
+            lr_decay=lr_decay,
+            eps=eps,
+            weight_decay=weight_decay,
+            initial_accumulator_value=initial_accumulator_value,
+            foreach=foreach,
+            maximize=maximize,
+            differentiable=differentiable,
+            fused=fused,
+        )

@@ -1,0 +1,129 @@
+"""Adamax: Adam with an infinity norm (Kingma & Ba, 2014), as ``torch.optim.Adamax``.
+
+.. math::
+   m_t = \\beta_1 m_{t-1} + (1 - \\beta_1) g_t, \\quad
+   u_t = \\max(\\beta_2 u_{t-1}, |g_t| + \\epsilon), \\quad
+   \\theta_t = \\theta_{t-1} - \\frac{\\gamma}{1 - \\beta_1^t} \\frac{m_t}{u_t}
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from torch import Tensor
+from torch.optim.optimizer import ParamsT
+
+from .adapter import Optimizer
+from .algorithm import Algorithm, Bound
+from .base import GradientTransformation, Params
+from .ops import nonzero
+
+
+class AdamaxState(NamedTuple):
+    """Per-param state (each field mirrors the params pytree), with torch's keys."""
+
+    step: Params
+    exp_avg: Params
+    exp_inf: Params
+
+
+def _initial(**_: Any) -> AdamaxState:
+    return AdamaxState(step=0.0, exp_avg=0.0, exp_inf=0.0)
+
+
+def _schedule(step, *, lr, betas, **_):
+    step = step + 1
+    return (step,), (lr / (1 - betas[0] ** step),)
+
+
+def _elementwise(o, p, g, exp_avg, exp_inf, coefficients, *, betas, eps, weight_decay,
+                 maximize, **_):  # fmt: skip
+    (clr,) = coefficients
+    beta1, beta2 = betas
+    out = o.start(p)
+    if maximize:
+        g = o.neg(g)
+    if nonzero(weight_decay):
+        g = o.add(g, p, alpha=weight_decay)
+    exp_avg = o.lerp_(exp_avg, g, 1 - beta1)
+    exp_inf = o.maximum_(o.mul_(exp_inf, beta2), o.add_(o.abs(g), eps))
+    out = o.addcdiv_(out, exp_avg, exp_inf, value=-clr)
+    return out, (exp_avg, exp_inf)
+
+
+ADAMAX = Algorithm(
+    name="Adamax",
+    state=AdamaxState,
+    counters=("step",),
+    initial=_initial,
+    schedule=_schedule,
+    elementwise=_elementwise,
+    bounds=(
+        Bound("lr", "Invalid learning rate: {}"),
+        Bound("eps", "Invalid epsilon value: {}"),
+        Bound("betas", "Invalid beta parameter at index 0: {}", 0, high=1.0, inclusive=False),
+        Bound("betas", "Invalid beta parameter at index 1: {}", 1, high=1.0, inclusive=False),
+        Bound("weight_decay", "Invalid weight_decay value: {}"),
+    ),
+)
+
+
+def adamax(
+    lr: float | Tensor = 2e-3,
+    betas: tuple[float | Tensor, float | Tensor] = (0.9, 0.999),
+    eps: float | Tensor = 1e-8,
+    weight_decay: float | Tensor = 0.0,
+    maximize: bool = False,
+) -> GradientTransformation:
+    """Adamax as a pure transformation, with ``torch.optim.Adamax``'s arguments.
+
+    Args:
+        lr: learning rate.
+        betas: decay rates of the first moment and of the infinity norm.
+        eps: added to ``|g|`` inside the max, for numerical stability.
+        weight_decay: L2 penalty, added to the gradient as ``weight_decay * param``.
+        maximize: maximize the objective instead of minimizing it.
+
+    Hyperparameters may be 0-d tensors, to differentiate or ``vmap`` over them.
+
+    Example::
+
+        tx = fo.adamax(lr=2e-3)
+        state = tx.init(params)
+        updates, state = tx.update(grads, state, params)
+        params = fo.apply_updates(params, updates)
+    """
+    return ADAMAX.transform(
+        lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, maximize=maximize
+    )
+
+
+class Adamax(Optimizer):
+    """Drop-in ``torch.optim.Adamax``: same arguments, state keys and ``state_dict``
+    format, running funcopt's `adamax` math in place."""
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float | Tensor = 2e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0,
+        foreach: bool | None = None,
+        *,
+        maximize: bool = False,
+        differentiable: bool = False,
+        capturable: bool = False,
+    ) -> None:
+        super().__init__(
+            params,
+            ADAMAX,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            foreach=foreach,
+            maximize=maximize,
+            differentiable=differentiable,
+            capturable=capturable,
+        )

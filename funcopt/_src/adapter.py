@@ -1,0 +1,316 @@
+"""`Optimizer`: any transformation as a `torch.optim.Optimizer`.
+
+The state lives where torch keeps it, ``self.state[param]`` (a dict per param), so
+``state_dict``, ``load_state_dict``, hooks, ``add_param_group``, ``zero_grad`` and the
+lr schedulers are torch's own code. Hyperparameters are read from ``param_groups``
+at every step, so schedulers (which rewrite ``lr``, or ``betas`` for OneCycleLR) work.
+
+Two ways to step a param group:
+
+- fast path, for the funcopt algorithms (`Algorithm`): torch's for-loop, in place.
+  Per param the counters are read as Python floats, the algorithm's ``schedule``
+  runs in double precision, and its ``elementwise`` math runs with `InPlace` ops.
+- functional path, for anything else (chains, user transformations) and for
+  ``capturable``, ``differentiable`` or compiled steps: the group's state is
+  assembled from the per-param dicts, the pure ``update`` runs, then the new state is
+  copied back into those dicts and the updates are added to the params.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import optree
+import torch
+from torch import Tensor
+from torch.optim.optimizer import ParamsT
+
+from .algorithm import Algorithm, Hyperparams, scalar_dtype
+from .base import GradientTransformation
+from .ops import InPlace
+
+IMPLEMENTATION_FLAGS = ("foreach", "fused", "capturable", "differentiable")
+"""torch.optim's switches that choose an implementation, not the math."""
+
+TransformFactory = Callable[..., GradientTransformation]
+
+
+def _to_python(value: Any) -> Any:
+    """Tensor hyperparameters as Python numbers, for the in-place fast path."""
+    if isinstance(value, Tensor):
+        return value.item()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_python(v) for v in value)
+    return value
+
+
+class Optimizer(torch.optim.Optimizer):
+    """Run a funcopt transformation as a ``torch.optim.Optimizer``.
+
+    Args:
+        params: as for any torch optimizer: tensors, ``named_parameters()``, or
+            param-group dicts.
+        transform: a `GradientTransformation`, or a factory that builds one from
+            hyperparameters (``fo.nadam``, or ``lambda lr: fo.chain(..., fo.nadam(lr))``).
+        **defaults: the factory's hyperparameters. They become param-group entries, so
+            groups may override them and lr schedulers can drive ``lr``. A factory is
+            called again at each step with each group's current values.
+
+    Example::
+
+        tx = lambda lr: fo.chain(fo.clip_by_global_norm(1.0), fo.nadam(lr=lr))
+        opt = fo.Optimizer(model.parameters(), tx, lr=1e-3)
+
+    A param's state is created from the optimizer's defaults, as torch.optim does.
+    """
+
+    _transform: GradientTransformation | TransformFactory
+
+    def __init__(
+        self,
+        params: ParamsT,
+        transform: GradientTransformation | TransformFactory,
+        **defaults: Any,
+    ) -> None:
+        self._check_defaults(transform, defaults)
+        self._transform = transform
+        super().__init__(params, defaults)
+        if defaults.get("fused"):
+            if defaults.get("differentiable"):
+                raise RuntimeError("`fused` does not support `differentiable`")
+            if defaults.get("foreach"):
+                raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
+        if isinstance(transform, Algorithm) and transform.eager_state:
+            for group in self.param_groups:
+                for p in group["params"]:
+                    self.state[p] = self._new_state(p, group)
+
+    @staticmethod
+    def _check_defaults(transform: Any, defaults: dict[str, Any]) -> None:
+        if isinstance(transform, Algorithm):
+            transform.check(defaults, tensors=True)
+        elif not (isinstance(transform, GradientTransformation) or callable(transform)):
+            raise TypeError(
+                "transform must be a GradientTransformation or a function returning one, "
+                f"but got {type(transform).__name__}"
+            )
+
+    # -- pickling and old checkpoints -----------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        if "_transform" in self.__dict__:
+            state["_transform"] = self._transform
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        # Groups saved before a flag existed get its default, as torch's classes do.
+        defaults = {
+            name: p.default
+            for name, p in inspect.signature(type(self).__init__).parameters.items()
+            if p.default is not inspect.Parameter.empty
+        } or self.defaults
+        algorithm = self._transform if isinstance(self._transform, Algorithm) else None
+        for group in self.param_groups:
+            for key, value in defaults.items():
+                group.setdefault(key, value)
+            if algorithm is None:
+                continue
+            for p in group["params"]:  # counters saved as Python numbers become tensors
+                p_state = self.state.get(p, {})
+                for key in algorithm.counters:
+                    if key in p_state and not torch.is_tensor(p_state[key]):
+                        p_state[key] = torch.tensor(
+                            float(p_state[key]),
+                            dtype=scalar_dtype(group.get("fused") or False),
+                            device=p.device if self._on_device(group) else None,
+                        )
+
+    # -- stepping ---------------------------------------------------------------
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        """Perform a single optimization step.
+
+        Args:
+            closure: a closure that reevaluates the model and returns the loss.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        with torch.set_grad_enabled(bool(self.defaults.get("differentiable", False))):
+            for group in self.param_groups:
+                params = [p for p in group["params"] if p.grad is not None]
+                if params:
+                    self._step_group(group, params)
+        return loss
+
+    @staticmethod
+    def _on_device(group: dict[str, Any]) -> bool:
+        return bool(group.get("capturable") or group.get("fused"))
+
+    def _hyperparams(self, source: dict[str, Any]) -> Hyperparams:
+        return {k: source[k] for k in self.defaults if k not in IMPLEMENTATION_FLAGS}
+
+    def _make_transform(self, hyperparams: Hyperparams) -> GradientTransformation:
+        if isinstance(self._transform, GradientTransformation):
+            return self._transform
+        return self._transform(**hyperparams)
+
+    def _new_state(self, p: Tensor, group: dict[str, Any]) -> dict[str, Any]:
+        hyperparams = self._hyperparams(self.defaults)
+        if isinstance(self._transform, Algorithm):
+            return self._transform.torch_state(
+                p,
+                hyperparams,
+                on_device=self._on_device(group),
+                fused=bool(group.get("fused")),
+            )
+        state = self._make_transform(hyperparams).init({"0": p})
+        return {name: leaf["0"] if per_param else leaf for name, per_param, leaf in _slots(state)}
+
+    def _step_group(self, group: dict[str, Any], params: list[Tensor]) -> None:
+        grads = [p.grad for p in params]
+        states = [self.state[p] for p in params]
+        for p, state in zip(params, states):
+            if not state:
+                state.update(self._new_state(p, group))
+        if group.get("fused"):
+            for p, g in zip(params, grads):
+                _check_fused(p, g)
+        hyperparams = self._hyperparams(group)
+        fast = (
+            isinstance(self._transform, Algorithm)
+            and not group.get("capturable")
+            and not self.defaults.get("differentiable")
+            and not torch.compiler.is_compiling()
+        )
+        if fast:
+            hyperparams = {k: _to_python(v) for k, v in hyperparams.items()}
+            _step_in_place(self._transform, hyperparams, params, grads, states)
+        else:
+            self._step_functional(self._make_transform(hyperparams), params, grads, states)
+
+    def _step_functional(
+        self,
+        transform: GradientTransformation,
+        params: list[Tensor],
+        grads: list[Tensor],
+        states: list[dict[str, Any]],
+    ) -> None:
+        keys = [str(i) for i in range(len(params))]
+        # The state's layout, from an init on one meta tensor (allocates nothing).
+        template = transform.init({"0": torch.empty_like(params[0], device="meta")})
+        slots = [(name, per_param) for name, per_param, _ in _slots(template)]
+        _, treedef = _flatten_slots(template)
+        try:
+            leaves = [
+                dict(zip(keys, (s[name] for s in states))) if per_param else states[0][name]
+                for name, per_param in slots
+            ]
+        except KeyError as e:
+            raise KeyError(
+                f"optimizer state has no entry {e}: it does not belong to this "
+                "optimizer's transformation (was it loaded from another optimizer?)"
+            ) from None
+        state = treedef.unflatten(leaves)
+        updates, new_state = transform.update(
+            dict(zip(keys, grads)), state, dict(zip(keys, params))
+        )
+        new_leaves, _ = _flatten_slots(new_state)
+        for (name, per_param), leaf in zip(slots, new_leaves):
+            for key, s in zip(keys, states):
+                _assign(s, name, leaf[key] if per_param else leaf)
+        for key, p in zip(keys, params):
+            if updates[key] is not None:
+                p.add_(updates[key])
+
+
+def _step_in_place(
+    algorithm: Algorithm,
+    hyperparams: Hyperparams,
+    params: list[Tensor],
+    grads: list[Tensor],
+    states: list[dict[str, Any]],
+) -> None:
+    """torch.optim's for-loop: one param at a time, state and param updated in place."""
+    counter_names = algorithm.counters
+    buffer_names = algorithm.fields[len(counter_names) :]
+    schedules: dict[tuple[float, ...], Any] = {}
+    for p, g, state in zip(params, grads, states):
+        algorithm.check_grad(g)
+        counters = [state[name] for name in counter_names]
+        values = tuple(c.item() for c in counters)
+        schedule = schedules.get(values)
+        if schedule is None:
+            schedule = schedules[values] = algorithm.schedule(*values, **hyperparams)
+        new_values, coefficients = schedule
+        for c, v in zip(counters, new_values):
+            c.fill_(v)
+        buffers = [state[name] for name in buffer_names]
+        _, new_buffers = algorithm.run(InPlace, p, g, buffers, coefficients, hyperparams)
+        for name, old, new in zip(buffer_names, buffers, new_buffers):
+            if new is not old and new.data_ptr() != old.data_ptr():
+                state[name].copy_(new)
+
+
+def _check_fused(p: Tensor, g: Tensor) -> None:
+    if not (p.device.type in ("cpu", "cuda", "xpu", "mps") and torch.is_floating_point(p)):
+        raise RuntimeError(
+            "`fused=True` requires all the params to be floating point Tensors of "
+            f"supported devices but {p.dtype} and {p.device.type}"
+        )
+    if g.is_sparse:
+        raise RuntimeError("`fused` does not support sparse grad or complex param")
+
+
+# -- a transformation state <-> per-param dicts --------------------------------
+# The adapter calls a transformation with params as a dict {"0": p0, "1": p1, ...}.
+# A subtree of the state that is a dict with exactly those keys mirrors the params
+# (one value per param); any other leaf is shared by all params (stored in each).
+
+
+def _is_per_param(x: Any) -> bool:
+    return isinstance(x, dict) and len(x) > 0 and all(isinstance(k, str) and k.isdigit() for k in x)
+
+
+def _flatten_slots(state: Any) -> tuple[list[Any], optree.PyTreeSpec]:
+    return optree.tree_flatten(state, is_leaf=_is_per_param, none_is_leaf=True)
+
+
+def _slots(state: Any) -> list[tuple[str, bool, Any]]:
+    """(name, per_param, leaf) for each slot: names join the path's field names,
+    indices and keys with '.', so a lone algorithm's slots are torch's state keys."""
+    accessors, leaves, _ = optree.tree_flatten_with_accessor(
+        state, is_leaf=_is_per_param, none_is_leaf=True
+    )
+    out = []
+    for accessor, leaf in zip(accessors, leaves):
+        parts = []
+        for entry in accessor:
+            for attr in ("field", "name", "key", "index"):
+                if hasattr(entry, attr):
+                    parts.append(str(getattr(entry, attr)))
+                    break
+        out.append((".".join(parts), _is_per_param(leaf), leaf))
+    return out
+
+
+def _assign(state: dict[str, Any], name: str, value: Any) -> None:
+    """Write a new value into a param's state, in place when shapes allow (as torch
+    mutates its state tensors), so references to the state stay valid."""
+    old = state.get(name)
+    if value is old:
+        return
+    if (
+        isinstance(old, Tensor)
+        and isinstance(value, Tensor)
+        and old.shape == value.shape
+        and not value.is_sparse
+    ):
+        old.copy_(value)
+    else:
+        state[name] = value

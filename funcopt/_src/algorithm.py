@@ -1,0 +1,255 @@
+"""`Algorithm`: one optimizer's math, turned into a pure `GradientTransformation`.
+
+An algorithm file (see ``nadam.py``) gives:
+
+- ``state``: a NamedTuple whose fields are torch.optim's per-param state keys, in
+  torch's order. Each field of a functional state mirrors the params pytree, so the
+  buffer of ``params['w']`` is ``state.exp_avg['w']``, its step ``state.step['w']``.
+- ``counters``: the fields holding 0-d per-param scalars (``step``, ``mu_product``).
+  The other fields are buffers shaped like their param.
+- ``schedule(*counters, **hyperparams) -> (new_counters, coefficients)``: the
+  per-step scalar math (bias corrections, momentum schedule). It is plain
+  arithmetic, run on Python floats by the adapters' fast path (torch's own
+  precision) and on float64 0-d tensors by the functional path.
+- ``elementwise(o, p, g, *buffers, coefficients, **hyperparams) -> (out, buffers)``:
+  the per-tensor math, written once against ``o`` (see ``ops.py``).
+- ``bounds``: torch's range checks, in torch's order.
+
+Calling an `Algorithm` with hyperparameters gives the functional transformation;
+``adapter.py`` runs the same two functions in place for the torch.optim classes.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .base import GradientTransformation, Params, State, Updates, real_dtype, tree_flatten
+from .ops import Pure, nonzero
+
+Hyperparams = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Bound:
+    """torch.optim's range check of one hyperparameter:
+    ``0.0 <= value``, and ``value <= high`` (or ``< high`` if not ``inclusive``)."""
+
+    key: str
+    message: str
+    index: int | None = None
+    high: float | None = None
+    inclusive: bool = True
+
+    def check(self, hyperparams: Hyperparams, tensors: bool) -> None:
+        value = hyperparams[self.key]
+        if self.index is not None:
+            value = value[self.index]
+        if isinstance(value, Tensor) and not tensors:
+            return  # may be batched or traced: never read in Python
+        ok = 0.0 <= value
+        if ok and self.high is not None:
+            ok = value <= self.high if self.inclusive else value < self.high
+        if not ok:
+            raise ValueError(self.message.format(value))
+
+
+def scalar_dtype(fused: bool = False) -> torch.dtype:
+    """The dtype torch.optim gives step counters: float32, or float64 when that is the
+    default dtype (fused optimizers always use float32)."""
+    if fused:
+        return torch.float32
+    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+
+
+def full_like(p: Tensor, value: Any) -> Tensor:
+    """A buffer like `p` filled with `value`; complex params get ``value + value*1j``,
+    as torch.optim's Adagrad does."""
+    if isinstance(value, Tensor):
+        value = value.to(real_dtype(p))
+        if p.is_complex():
+            value = torch.complex(value, value)
+        return torch.zeros_like(p, memory_format=torch.preserve_format) + value
+    if p.is_complex():
+        value = complex(value, value)
+    return torch.full_like(p, value, memory_format=torch.preserve_format)
+
+
+def as_real(t: Tensor) -> Tensor:
+    return torch.view_as_real(t) if t.is_complex() else t
+
+
+def normalize(hyperparams: Hyperparams) -> Hyperparams:
+    """1-element tensors become 0-d (so they broadcast like numbers); tuples stay tuples."""
+
+    def one(key: str, v: Any) -> Any:
+        if isinstance(v, Tensor):
+            if v.numel() != 1:
+                raise ValueError(f"Tensor {key} must be 1-element")
+            return v.reshape(())
+        if isinstance(v, (tuple, list)):
+            return tuple(one(f"{key}[{i}]", x) for i, x in enumerate(v))
+        return v
+
+    return {k: one(k, v) for k, v in hyperparams.items()}
+
+
+@dataclass(frozen=True, eq=False)
+class Algorithm:
+    """One torch.optim algorithm; ``algorithm(**hyperparams)`` is its pure transformation."""
+
+    name: str
+    state: Any  # a NamedTuple class
+    counters: tuple[str, ...]
+    initial: Callable[..., Sequence[Any]]
+    schedule: Callable[..., tuple[tuple[Any, ...], tuple[Any, ...]]]
+    elementwise: Callable[..., tuple[Tensor | None, Sequence[Tensor]]]
+    bounds: tuple[Bound, ...]
+    sparse: bool = False  # accepts sparse gradients
+    eager_state: bool = False  # torch creates the state at construction (Adagrad)
+    fields: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fields", tuple(self.state._fields))
+
+    # -- checks ---------------------------------------------------------------
+
+    def check(self, hyperparams: Hyperparams, tensors: bool = False) -> None:
+        """Raise torch.optim's exception for a bad hyperparameter. Tensors are range-checked
+        only if `tensors` (the adapters do, like torch; the functional factories do not)."""
+        lr = hyperparams.get("lr")
+        if isinstance(lr, Tensor) and lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
+        for bound in self.bounds:
+            bound.check(hyperparams, tensors)
+
+    def check_grad(self, g: Tensor) -> None:
+        if g.is_sparse and not self.sparse:
+            raise RuntimeError(f"{self.name} does not support sparse gradients")
+
+    # -- the functional transformation ----------------------------------------
+
+    def __call__(self, **hyperparams: Any) -> GradientTransformation:
+        """The pure transformation for these hyperparameters (not range-checked)."""
+        hp = normalize(hyperparams)
+        return GradientTransformation(
+            functools.partial(self.init, hp), functools.partial(self.update, hp)
+        )
+
+    def transform(self, **hyperparams: Any) -> GradientTransformation:
+        """Range-check Python-number hyperparameters, then build the transformation."""
+        self.check(hyperparams)
+        return self(**hyperparams)
+
+    def init(self, hyperparams: Hyperparams, params: Params) -> State:
+        leaves, treedef = tree_flatten(params)
+        initial = self.initial(**hyperparams)
+        k = len(self.counters)
+        shared: dict[torch.device, list[Tensor]] = {}  # one counter per device, shared
+        columns: list[list[Any]] = [[] for _ in self.fields]
+        for p in leaves:
+            if p is None:
+                for column in columns:
+                    column.append(None)
+                continue
+            if p.device not in shared:
+                shared[p.device] = [
+                    torch.as_tensor(v, dtype=scalar_dtype(), device=p.device)
+                    for v in initial[:k]
+                ]
+            values = shared[p.device] + [full_like(p, v) for v in initial[k:]]
+            for column, v in zip(columns, values):
+                column.append(v)
+        return self.state(*(treedef.unflatten(c) for c in columns))
+
+    def update(
+        self,
+        hyperparams: Hyperparams,
+        grads: Updates,
+        state: State,
+        params: Params | None = None,
+    ) -> tuple[Updates, State]:
+        g_leaves, treedef = tree_flatten(grads)
+        if params is None:
+            if nonzero(hyperparams.get("weight_decay", 0)):
+                raise ValueError(
+                    f"{self.name} with weight_decay needs the params: "
+                    "call update(grads, state, params)"
+                )
+            p_leaves = [None] * len(g_leaves)
+        else:
+            p_leaves = treedef.flatten_up_to(params)
+        if not isinstance(state, self.state):
+            raise TypeError(
+                f"{self.name} update got a state of type {type(state).__name__}; "
+                f"pass the {self.state.__name__} that init returned"
+            )
+        columns = [treedef.flatten_up_to(column) for column in state]
+        new_columns = [list(column) for column in columns]
+        k = len(self.counters)
+        schedules: dict[tuple[int, ...], Any] = {}
+        updates: list[Tensor | None] = []
+        for i, (p, g) in enumerate(zip(p_leaves, g_leaves)):
+            if g is None:  # skipped, as torch skips a param without .grad
+                updates.append(None)
+                continue
+            self.check_grad(g)
+            counters = tuple(column[i] for column in columns[:k])
+            key = tuple(map(id, counters))  # leaves share counters: compute once
+            if key not in schedules:
+                new, coefficients = self.schedule(
+                    *(c.to(torch.float64) for c in counters), **hyperparams
+                )
+                new = tuple(n.to(c.dtype) for n, c in zip(new, counters))
+                schedules[key] = new, coefficients
+            new, coefficients = schedules[key]
+            buffers = [column[i] for column in columns[k:]]
+            out, buffers = self.run(Pure, p, g, buffers, coefficients, hyperparams)
+            if g.is_complex():
+                out = torch.view_as_complex(out)
+                buffers = [torch.view_as_complex(b) for b in buffers]
+            updates.append(out)
+            for column, value in zip(new_columns, (*new, *buffers)):
+                column[i] = value
+        return treedef.unflatten(updates), self.state(
+            *(treedef.unflatten(c) for c in new_columns)
+        )
+
+    def run(
+        self,
+        o: Any,
+        p: Tensor | None,
+        g: Tensor,
+        buffers: Sequence[Tensor],
+        coefficients: tuple[Any, ...],
+        hyperparams: Hyperparams,
+    ) -> tuple[Tensor | None, Sequence[Tensor]]:
+        """The elementwise math on one tensor; complex tensors run as pairs of reals."""
+        if g.is_complex():
+            p = None if p is None else as_real(p)
+            g = torch.view_as_real(g)
+            buffers = [torch.view_as_real(b) for b in buffers]
+        return self.elementwise(o, p, g, *buffers, coefficients, **hyperparams)
+
+    # -- torch.optim's per-param state ----------------------------------------
+
+    def torch_state(
+        self, p: Tensor, hyperparams: Hyperparams, *, on_device: bool, fused: bool
+    ) -> dict[str, Tensor]:
+        """A param's state as torch.optim creates it: counters are 0-d tensors on the CPU
+        (on the param's device if capturable or fused), buffers are shaped like `p`."""
+        initial = self.initial(**hyperparams)
+        k = len(self.counters)
+        device = p.device if on_device else torch.device("cpu")
+        state = {
+            name: torch.tensor(float(v), dtype=scalar_dtype(fused), device=device)
+            for name, v in zip(self.fields[:k], initial[:k])
+        }
+        for name, v in zip(self.fields[k:], initial[k:]):
+            state[name] = full_like(p, v)
+        return state

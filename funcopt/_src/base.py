@@ -1,0 +1,89 @@
+"""Core types: `GradientTransformation`, `apply_updates`, `chain`.
+
+A transformation is a pair of pure functions over pytrees (optree), as in optax:
+``init(params) -> state`` and ``update(grads, state, params=None) -> (updates, state)``.
+``None`` leaves are allowed in grads (and params): such a leaf is skipped, as
+torch.optim skips a param whose ``.grad`` is None.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol
+
+import optree
+import torch
+from torch import Tensor
+
+Params = Any
+"""A pytree of tensors (dict, list, tuple, NamedTuple, ... of `torch.Tensor`)."""
+Updates = Any
+"""A pytree with the structure of the gradients; ``new_params = params + updates``."""
+State = Any
+"""A pytree of tensors holding a transformation's state."""
+
+
+class TransformInit(Protocol):
+    def __call__(self, params: Params) -> State: ...
+
+
+class TransformUpdate(Protocol):
+    def __call__(
+        self, updates: Updates, state: State, params: Params | None = None
+    ) -> tuple[Updates, State]: ...
+
+
+class GradientTransformation(NamedTuple):
+    """A pure optimizer: ``init(params) -> state`` and
+    ``update(grads, state, params=None) -> (updates, new_state)``."""
+
+    init: TransformInit
+    update: TransformUpdate
+
+
+class EmptyState(NamedTuple):
+    """The state of a stateless transformation."""
+
+
+def tree_flatten(tree: Any) -> tuple[list[Any], optree.PyTreeSpec]:
+    """Flatten with ``None`` as a leaf, so a missing gradient keeps its place."""
+    return optree.tree_flatten(tree, none_is_leaf=True)
+
+
+def apply_updates(params: Params, updates: Updates) -> Params:
+    """Return ``params + updates`` leaf by leaf, as new tensors (nothing is mutated).
+
+    A ``None`` update leaves its param as it is; each result keeps its param's dtype.
+    """
+
+    def add(p: Tensor | None, u: Tensor | None) -> Tensor | None:
+        if u is None or p is None:
+            return p
+        return (p + u).to(p.dtype)
+
+    return optree.tree_map(add, params, updates, none_is_leaf=True)
+
+
+def chain(*transforms: GradientTransformation) -> GradientTransformation:
+    """Apply transformations one after another; the state is the tuple of their states."""
+
+    def init(params: Params) -> State:
+        return tuple(t.init(params) for t in transforms)
+
+    def update(updates: Updates, state: State, params: Params | None = None):
+        if len(state) != len(transforms):
+            raise ValueError(
+                f"chain of {len(transforms)} transformations got a state of length "
+                f"{len(state)}: pass the state that this chain's init returned"
+            )
+        new_state = []
+        for transform, s in zip(transforms, state):
+            updates, s = transform.update(updates, s, params)
+            new_state.append(s)
+        return updates, tuple(new_state)
+
+    return GradientTransformation(init, update)
+
+
+def real_dtype(t: Tensor) -> torch.dtype:
+    """float32 for complex64, float64 for complex128, else the tensor's own dtype."""
+    return t.real.dtype if t.is_complex() else t.dtype

@@ -1,0 +1,37 @@
+"""Stateless building blocks for `chain`."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .base import EmptyState, GradientTransformation, Params, State, Updates, real_dtype, tree_flatten
+
+
+def clip_by_global_norm(max_norm: float | Tensor) -> GradientTransformation:
+    """Scale the updates so that their global L2 norm is at most `max_norm`.
+
+    Same rule as ``torch.nn.utils.clip_grad_norm_``: updates are multiplied by
+    ``min(1, max_norm / (total_norm + 1e-6))``. ``None`` leaves are ignored.
+    The coefficient stays a tensor, so this works under ``vmap``, ``grad`` and
+    ``torch.compile``.
+    """
+    if not isinstance(max_norm, Tensor) and not max_norm >= 0:
+        raise ValueError(f"max_norm must be non-negative, got {max_norm}")
+
+    def init(params: Params) -> State:
+        return EmptyState()
+
+    def update(updates: Updates, state: State, params: Params | None = None):
+        leaves, treedef = tree_flatten(updates)
+        present = [u for u in leaves if u is not None]
+        if not present:
+            return updates, state
+        device = present[0].device
+        norms = [torch.linalg.vector_norm(u).to(device) for u in present]
+        total = torch.linalg.vector_norm(torch.stack(norms))
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        clipped = [None if u is None else u * coef.to(real_dtype(u)) for u in leaves]
+        return treedef.unflatten(clipped), state
+
+    return GradientTransformation(init, update)

@@ -1,0 +1,167 @@
+"""NAdam: Adam with Nesterov momentum and a momentum-decay schedule (``torch.optim.NAdam``).
+
+.. math::
+   \\mu_t = \\beta_1 (1 - \\tfrac12\\, 0.96^{t \\psi}), \\quad
+   m_t = \\beta_1 m_{t-1} + (1 - \\beta_1) g_t, \\quad
+   v_t = \\beta_2 v_{t-1} + (1 - \\beta_2) g_t^2
+
+   \\theta_t = \\theta_{t-1} - \\gamma \\Big(
+   \\frac{1 - \\mu_t}{1 - \\prod_{i \\le t} \\mu_i}\\, g_t
+   + \\frac{\\mu_{t+1}}{1 - \\prod_{i \\le t+1} \\mu_i}\\, m_t \\Big)
+   \\Big/ \\Big(\\sqrt{v_t / (1 - \\beta_2^t)} + \\epsilon\\Big)
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from torch import Tensor
+from torch.optim.optimizer import ParamsT
+
+from .adapter import Optimizer
+from .algorithm import Algorithm, Bound
+from .base import GradientTransformation, Params
+from .ops import nonzero
+
+
+class NAdamState(NamedTuple):
+    """Per-param state (each field mirrors the params pytree), with torch's keys."""
+
+    step: Params
+    mu_product: Params
+    exp_avg: Params
+    exp_avg_sq: Params
+
+
+def _initial(**_: Any) -> NAdamState:
+    return NAdamState(step=0.0, mu_product=1.0, exp_avg=0.0, exp_avg_sq=0.0)
+
+
+def _mu(beta1: Any, momentum_decay: Any, step: Any) -> Any:
+    return beta1 * (1.0 - 0.5 * 0.96 ** (step * momentum_decay))
+
+
+def _schedule(step, mu_product, *, lr, betas, momentum_decay, **_):
+    beta1, beta2 = betas
+    step = step + 1
+    mu = _mu(beta1, momentum_decay, step)
+    mu_next = _mu(beta1, momentum_decay, step + 1)
+    mu_product = mu_product * mu
+    bias_correction2 = 1 - beta2**step
+    grad_coef = -lr * (1.0 - mu) / (1.0 - mu_product)
+    avg_coef = -lr * mu_next / (1.0 - mu_product * mu_next)
+    return (step, mu_product), (bias_correction2, grad_coef, avg_coef)
+
+
+def _elementwise(o, p, g, exp_avg, exp_avg_sq, coefficients, *, lr, betas, eps,
+                 weight_decay, decoupled_weight_decay, maximize, **_):  # fmt: skip
+    bias_correction2, grad_coef, avg_coef = coefficients
+    beta1, beta2 = betas
+    out = o.start(p)
+    if maximize:
+        g = o.neg(g)
+    if nonzero(weight_decay):
+        if decoupled_weight_decay:
+            out = o.decay_(out, p, 1 - lr * weight_decay)
+        else:
+            g = o.add(g, p, alpha=weight_decay)
+    exp_avg = o.lerp_(exp_avg, g, 1 - beta1)
+    exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), g, g, value=1 - beta2)
+    denom = o.add_(o.sqrt_(o.div(exp_avg_sq, bias_correction2)), eps)
+    out = o.addcdiv_(out, g, denom, value=grad_coef)
+    out = o.addcdiv_(out, exp_avg, denom, value=avg_coef)
+    return out, (exp_avg, exp_avg_sq)
+
+
+NADAM = Algorithm(
+    name="NAdam",
+    state=NAdamState,
+    counters=("step", "mu_product"),
+    initial=_initial,
+    schedule=_schedule,
+    elementwise=_elementwise,
+    bounds=(
+        Bound("lr", "Invalid learning rate: {}"),
+        Bound("eps", "Invalid epsilon value: {}"),
+        Bound("betas", "Invalid beta parameter at index 0: {}", 0, high=1.0, inclusive=False),
+        Bound("betas", "Invalid beta parameter at index 1: {}", 1, high=1.0, inclusive=False),
+        Bound("weight_decay", "Invalid weight_decay value: {}"),
+        Bound("momentum_decay", "Invalid momentum_decay value: {}"),
+    ),
+)
+
+
+def nadam(
+    lr: float | Tensor = 2e-3,
+    betas: tuple[float | Tensor, float | Tensor] = (0.9, 0.999),
+    eps: float | Tensor = 1e-8,
+    weight_decay: float | Tensor = 0.0,
+    momentum_decay: float | Tensor = 4e-3,
+    decoupled_weight_decay: bool = False,
+    maximize: bool = False,
+) -> GradientTransformation:
+    """NAdam as a pure transformation, with ``torch.optim.NAdam``'s arguments and defaults.
+
+    Args:
+        lr: learning rate.
+        betas: decay rates of the first and second moment averages.
+        eps: added to the denominator for numerical stability.
+        weight_decay: L2 penalty (or decoupled decay, see below).
+        momentum_decay: the momentum schedule's decay :math:`\\psi`.
+        decoupled_weight_decay: decay the params directly (as AdamW) instead of adding
+            ``weight_decay * param`` to the gradient.
+        maximize: maximize the objective instead of minimizing it.
+
+    Hyperparameters may be 0-d tensors, to differentiate or ``vmap`` over them.
+
+    Example::
+
+        tx = fo.nadam(lr=1e-3)
+        state = tx.init(params)
+        updates, state = tx.update(grads, state, params)
+        params = fo.apply_updates(params, updates)
+    """
+    return NADAM.transform(
+        lr=lr,
+        betas=betas,
+        eps=eps,
+        weight_decay=weight_decay,
+        momentum_decay=momentum_decay,
+        decoupled_weight_decay=decoupled_weight_decay,
+        maximize=maximize,
+    )
+
+
+class NAdam(Optimizer):
+    """Drop-in ``torch.optim.NAdam``: same arguments, state keys and ``state_dict`` format,
+    running funcopt's `nadam` math in place."""
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float | Tensor = 2e-3,
+        betas: tuple[float | Tensor, float | Tensor] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0,
+        momentum_decay: float = 4e-3,
+        decoupled_weight_decay: bool = False,
+        *,
+        foreach: bool | None = None,
+        maximize: bool = False,
+        capturable: bool = False,
+        differentiable: bool = False,
+    ) -> None:
+        super().__init__(
+            params,
+            NADAM,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            momentum_decay=momentum_decay,
+            decoupled_weight_decay=decoupled_weight_decay,
+            maximize=maximize,
+            foreach=foreach,
+            capturable=capturable,
+            differentiable=differentiable,
+        )

@@ -1,0 +1,142 @@
+"""The two ways to run an algorithm's per-tensor math, from one copy of it.
+
+Each algorithm writes its elementwise math once, against a namespace ``o`` that is
+either `InPlace` or `Pure`::
+
+    exp_avg = o.lerp_(exp_avg, g, 1 - beta1)
+    out = o.addcdiv_(out, exp_avg, exp_inf, value=-clr)
+
+Rules the math follows:
+
+- A name ending in ``_`` may overwrite its first argument, which must be a state
+  buffer, a temporary made by the math itself, or ``out``; never the gradient or the
+  param. `InPlace` does overwrite it (the fast path of the torch.optim adapters);
+  `Pure` returns a new tensor and mutates nothing (the functional path, safe under
+  ``torch.func`` and ``torch.compile``). A name without ``_`` always returns a new tensor.
+- ``out = o.start(p)`` is where the step accumulates: the param itself with
+  `InPlace`, a zero update (``None``) with `Pure`. Only ``add_``, ``addcdiv_`` and
+  ``decay_`` write to ``out``, and the math reads ``p`` before it writes to ``out``.
+- Coefficients (``value=``, ``alpha=``, weights) are Python numbers with `InPlace`.
+  With `Pure` they may also be 0-d tensors (tensor hyperparameters, step-dependent
+  scalars); those are cast to the dtype of the tensor they scale, so a float64
+  scalar never promotes a float32 param or state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+Coef = Any  # a Python number or a 0-d tensor
+
+
+def nonzero(x: Coef) -> bool:
+    """Whether an optional term (say weight decay) is on. A tensor always counts as on:
+    its value is never read in Python, so it stays traceable and batchable."""
+    return isinstance(x, Tensor) or x != 0
+
+
+class InPlace:
+    """Overwrites buffers and the param in place; coefficients are Python numbers."""
+
+    @staticmethod
+    def start(p: Tensor) -> Tensor:
+        return p
+
+    neg = staticmethod(torch.neg)
+    abs = staticmethod(torch.abs)
+    sqrt = staticmethod(torch.sqrt)
+    add = staticmethod(torch.add)
+    div = staticmethod(torch.div)
+    add_ = staticmethod(Tensor.add_)
+    mul_ = staticmethod(Tensor.mul_)
+    div_ = staticmethod(Tensor.div_)
+    sqrt_ = staticmethod(Tensor.sqrt_)
+    lerp_ = staticmethod(Tensor.lerp_)
+    addcmul_ = staticmethod(Tensor.addcmul_)
+    addcdiv_ = staticmethod(Tensor.addcdiv_)
+
+    @staticmethod
+    def maximum_(x: Tensor, y: Tensor) -> Tensor:
+        return torch.maximum(x, y, out=x)
+
+    @staticmethod
+    def decay_(out: Tensor, p: Tensor, factor: Coef) -> Tensor:
+        """Multiply the param by `factor` (decoupled weight decay)."""
+        return out.mul_(factor)
+
+
+def _cast(c: Coef, like: Tensor) -> Coef:
+    """A tensor coefficient in `like`'s dtype (no type promotion); numbers as they are."""
+    if isinstance(c, Tensor) and c.dtype != like.dtype:
+        return c.to(like.dtype)
+    return c
+
+
+def _scale(x: Tensor, c: Coef) -> Tensor:
+    if isinstance(c, Tensor):
+        return x * _cast(c, x)
+    return x if c == 1 else x * c
+
+
+class Pure:
+    """Returns new tensors and mutates nothing; coefficients may be 0-d tensors."""
+
+    @staticmethod
+    def start(p: Tensor | None) -> None:
+        return None
+
+    neg = staticmethod(torch.neg)
+    abs = staticmethod(torch.abs)
+    sqrt = staticmethod(torch.sqrt)
+    sqrt_ = staticmethod(torch.sqrt)
+    maximum_ = staticmethod(torch.maximum)
+
+    @staticmethod
+    def add(x: Tensor, y: Tensor | Coef, alpha: Coef = 1) -> Tensor:
+        y = _cast(y, x)
+        if isinstance(alpha, Tensor):
+            return x + _scale(y, alpha)
+        return torch.add(x, y, alpha=alpha)
+
+    @staticmethod
+    def add_(x: Tensor | None, y: Tensor | Coef, alpha: Coef = 1) -> Tensor:
+        if x is None:
+            return _scale(y, alpha)
+        return Pure.add(x, y, alpha)
+
+    @staticmethod
+    def mul_(x: Tensor, c: Coef) -> Tensor:
+        return x * _cast(c, x)
+
+    @staticmethod
+    def decay_(out: Tensor | None, p: Tensor, factor: Coef) -> Tensor:
+        """Multiply the param by `factor`: as an update, ``(p + out) * factor - p``."""
+        step = _scale(p, factor - 1)
+        return step if out is None else _scale(out, factor) + step
+
+    @staticmethod
+    def div(x: Tensor, c: Tensor | Coef) -> Tensor:
+        return x / _cast(c, x)
+
+    div_ = div
+
+    @staticmethod
+    def lerp_(x: Tensor, y: Tensor, weight: Coef) -> Tensor:
+        return torch.lerp(x, y, _cast(weight, x))
+
+    @staticmethod
+    def addcmul_(x: Tensor, a: Tensor, b: Tensor, value: Coef = 1) -> Tensor:
+        if isinstance(value, Tensor):
+            return x + _scale(a * b, value)
+        return torch.addcmul(x, a, b, value=value)
+
+    @staticmethod
+    def addcdiv_(x: Tensor | None, a: Tensor, b: Tensor, value: Coef = 1) -> Tensor:
+        if x is None:
+            return _scale(a / b, value)
+        if isinstance(value, Tensor):
+            return x + _scale(a / b, value)
+        return torch.addcdiv(x, a, b, value=value)
