@@ -181,6 +181,8 @@ class Optimizer(torch.optim.Optimizer):
         if group.get("fused"):
             for p, g in zip(params, grads):
                 _check_fused(p, g)
+        if group.get("capturable") and not torch.compiler.is_compiling():
+            _check_capturable(params)
         hyperparams = self._hyperparams(group)
         fast = (
             isinstance(self._transform, Algorithm)
@@ -265,6 +267,15 @@ def _check_fused(p: Tensor, g: Tensor) -> None:
         )
     if g.is_sparse:
         raise RuntimeError("`fused` does not support sparse grad or complex param")
+
+
+def _check_capturable(params: list[Tensor]) -> None:
+    devices = ["cuda", "xpu", "hpu", torch._C._get_privateuse1_backend_name(), "xla"]
+    if any(p.device.type not in devices for p in params):
+        raise AssertionError(
+            "If capturable=True, params and state_steps must be on supported devices: "
+            f"{devices}."
+        )
 
 
 # -- a transformation state <-> per-param dicts --------------------------------

@@ -1,0 +1,78 @@
+"""Shared test helpers: torch's own optimizer test tables, and state comparisons."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch.testing._internal.common_optimizers import (
+    _get_optim_inputs_including_global_cliquey_kwargs,
+    optim_db,
+)
+
+import funcopt as fo
+
+ALGORITHMS = ["Adadelta", "Adagrad", "Adamax", "NAdam"]
+IMPLEMENTATION_FLAGS = ("foreach", "fused", "capturable", "differentiable")
+INFOS = {info.optim_cls.__name__: info for info in optim_db if info.optim_cls.__name__ in ALGORITHMS}
+
+
+def torch_cls(name: str) -> type[torch.optim.Optimizer]:
+    return getattr(torch.optim, name)
+
+
+def fo_cls(name: str) -> type[torch.optim.Optimizer]:
+    return getattr(fo, name)
+
+
+def factory(name: str):
+    return getattr(fo, name.lower())
+
+
+def optim_inputs(name: str, with_flags: bool = True) -> list[tuple[str, dict[str, Any]]]:
+    """torch's CPU configurations for `name` as (description, kwargs); with the
+    implementation flags torch tests on CPU (differentiable, fused), plus foreach."""
+    info = INFOS[name]
+    if with_flags:
+        inputs = _get_optim_inputs_including_global_cliquey_kwargs("cpu", torch.float32, info)
+    else:
+        inputs = info.optim_inputs_func("cpu")
+    out = [(i.desc, copy.deepcopy(i.kwargs)) for i in inputs]
+    if with_flags:
+        out += [(f"{i.desc} & foreach", {**i.kwargs, "foreach": True}) for i in info.optim_inputs_func("cpu")]
+    return out
+
+
+def functional_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in kwargs.items() if k not in IMPLEMENTATION_FLAGS}
+
+
+def assert_same(actual: Any, expected: Any, path: str = "", **tol: Any) -> None:
+    """Recursive equality: tensors by assert_close (dtype and device checked), the rest by ==."""
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor), f"{path}: {type(actual)} is not a tensor"
+        torch.testing.assert_close(actual.detach(), expected.detach(), msg=lambda m: f"{path}: {m}", **tol)
+    elif isinstance(expected, dict):
+        assert isinstance(actual, dict) and actual.keys() == expected.keys(), (
+            f"{path}: keys {sorted(map(str, actual))} != {sorted(map(str, expected))}"
+        )
+        for k in expected:
+            assert_same(actual[k], expected[k], f"{path}.{k}", **tol)
+    elif isinstance(expected, (list, tuple)):
+        assert type(actual) is type(expected) and len(actual) == len(expected), f"{path}: {actual!r} != {expected!r}"
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            assert_same(a, e, f"{path}[{i}]", **tol)
+    else:
+        assert actual == expected, f"{path}: {actual!r} != {expected!r}"
+
+
+def make_params(dtype: torch.dtype, seed: int = 0) -> list[torch.Tensor]:
+    """Mixed shapes: a matrix, a non-contiguous matrix, a vector and a 0-d tensor."""
+    g = torch.Generator().manual_seed(seed)
+    return [
+        torch.randn(10, 5, generator=g, dtype=dtype),
+        torch.randn(6, 4, 2, generator=g, dtype=dtype)[..., 0],
+        torch.randn(7, generator=g, dtype=dtype),
+        torch.randn((), generator=g, dtype=dtype),
+    ]

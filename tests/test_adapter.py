@@ -1,0 +1,503 @@
+"""The torch.optim-compatible classes behave as torch's: each scenario runs once with
+``torch.optim.X`` and once with ``funcopt.X``, and what it observes must be equal."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import io
+import pickle
+
+import pytest
+import torch
+from helpers import ALGORITHMS, assert_same, fo_cls, torch_cls
+from torch.optim import lr_scheduler
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+import funcopt as fo
+
+
+def model(dtype=torch.float32, seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)
+    ).to(dtype)
+
+
+def data(dtype=torch.float32):
+    g = torch.Generator().manual_seed(123)
+    return torch.randn(8, 3, generator=g, dtype=dtype), torch.randn(8, 2, generator=g, dtype=dtype)
+
+
+def loss_fn(m, x, y):
+    return torch.nn.functional.mse_loss(m(x), y)
+
+
+def twin(name, scenario, **tol):
+    """Run `scenario(cls)` with torch's class and with funcopt's; compare what it returns."""
+    expected = scenario(torch_cls(name))
+    actual = scenario(fo_cls(name))
+    assert_same(actual, expected, **tol)
+    return actual
+
+
+def train(opt, m, steps=5, closure=False):
+    x, y = data(next(m.parameters()).dtype)
+    losses = []
+    for _ in range(steps):
+        def closure_fn():
+            opt.zero_grad()
+            loss = loss_fn(m, x, y)
+            loss.backward()
+            return loss
+
+        if closure:
+            losses.append(opt.step(closure_fn).detach())
+        else:
+            losses.append(closure_fn().detach())
+            opt.step()
+    return losses
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_signature_and_defaults(name):
+    def shape(cls):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(cls).parameters.values()]
+
+    assert shape(fo_cls(name)) == shape(torch_cls(name))
+    params = [torch.nn.Parameter(torch.randn(2))]
+    assert fo_cls(name)(params).defaults == torch_cls(name)(params).defaults
+    assert isinstance(fo_cls(name)(params), torch.optim.Optimizer)
+    repr(fo_cls(name)(params))
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_hooks(name):
+    """All six hook kinds fire in torch's order with torch's arguments; a step pre-hook
+    may replace the arguments, a state_dict post-hook and a load pre-hook the dict."""
+
+    def scenario(cls):
+        m = model()
+        opt = cls(m.parameters(), lr=0.01)
+        log = []
+        x, y = data()
+
+        def closure():
+            opt.zero_grad()
+            loss = loss_fn(m, x, y)
+            loss.backward()
+            return loss
+
+        def pre(o, args, kwargs):
+            log.append(("step_pre", len(args), sorted(kwargs)))
+            return (o,), {"closure": closure}  # replaces the arguments
+
+        def post(o, args, kwargs):
+            log.append(("step_post", len(args), sorted(kwargs)))
+
+        def sd_pre(o):
+            log.append(("sd_pre",))
+
+        def sd_post(o, sd):
+            log.append(("sd_post", sorted(sd)))
+            sd["extra"] = 1
+            return sd
+
+        def load_pre(o, sd):
+            log.append(("load_pre", "extra" in sd))
+            sd = dict(sd)
+            sd.pop("extra")
+            return sd
+
+        def load_post(o):
+            log.append(("load_post",))
+
+        handles = [
+            opt.register_step_pre_hook(pre),
+            opt.register_step_post_hook(post),
+            opt.register_state_dict_pre_hook(sd_pre),
+            opt.register_state_dict_post_hook(sd_post),
+            opt.register_load_state_dict_pre_hook(load_pre),
+            opt.register_load_state_dict_post_hook(load_post),
+        ]
+        loss = opt.step()  # the pre-hook supplies the closure
+        sd = opt.state_dict()
+        opt.load_state_dict(sd)
+        for h in handles:
+            h.remove()
+        opt.step(closure)
+        return log, [loss.detach()], [p.detach() for p in m.parameters()], sd["extra"]
+
+    log, *_ = twin(name, scenario)
+    assert [e[0] for e in log] == ["step_pre", "step_post", "sd_pre", "sd_post", "load_pre", "load_post"]
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_global_hooks_fire_once(name):
+    calls = []
+    h1 = register_optimizer_step_pre_hook(lambda *a: calls.append("pre"))
+    h2 = register_optimizer_step_post_hook(lambda *a: calls.append("post"))
+    try:
+        m = model()
+        train(fo_cls(name)(m.parameters()), m, steps=2)
+    finally:
+        h1.remove()
+        h2.remove()
+    assert calls == ["pre", "post", "pre", "post"]
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_add_param_group_and_group_options(name):
+    def scenario(cls):
+        m = model()
+        first, second = list(m[0].parameters()), list(m[2].parameters())
+        opt = cls(first, lr=0.01)
+        losses = train(opt, m, steps=3)
+        opt.add_param_group({"params": second, "lr": 0.05, "weight_decay": 0.1})
+        losses += train(opt, m, steps=4)
+        return losses, [p.detach() for p in m.parameters()], opt.state_dict()
+
+    twin(name, scenario)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_zero_grad(name, set_to_none):
+    def scenario(cls):
+        m = model()
+        opt = cls(m.parameters())
+        train(opt, m, steps=2)
+        opt.zero_grad(set_to_none=set_to_none)
+        return [p.grad for p in m.parameters()] if set_to_none else [p.grad.clone() for p in m.parameters()]
+
+    grads = twin(name, scenario)
+    assert all(g is None for g in grads) if set_to_none else all((g == 0).all() for g in grads)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_closure(name):
+    def scenario(cls):
+        m = model()
+        opt = cls(m.parameters(), lr=0.01)
+        return train(opt, m, steps=4, closure=True), [p.detach() for p in m.parameters()]
+
+    twin(name, scenario)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_named_parameters(name):
+    def scenario(cls):
+        m = model()
+        opt = cls(m.named_parameters(), lr=0.01)
+        train(opt, m, steps=2)
+        sd = opt.state_dict()
+        m2 = model(seed=1)
+        opt2 = cls(m2.named_parameters(), lr=0.01)
+        opt2.load_state_dict(sd)
+        return sd, opt2.state_dict()["param_groups"]
+
+    sd, _ = twin(name, scenario)
+    assert sd["param_groups"][0]["param_names"] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_tensor_lr(name):
+    def scenario(cls):
+        m = model()
+        opt = cls(m.parameters(), lr=torch.tensor(0.01))
+        return train(opt, m, steps=5), opt.state_dict()
+
+    twin(name, scenario)
+
+
+SCHEDULERS = {
+    "StepLR": lambda opt: lr_scheduler.StepLR(opt, step_size=2, gamma=0.5),
+    "ExponentialLR": lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.9),
+    "CosineAnnealingLR": lambda opt: lr_scheduler.CosineAnnealingLR(opt, T_max=6),
+    "LambdaLR": lambda opt: lr_scheduler.LambdaLR(opt, lambda e: 1 / (e + 1)),
+    "OneCycleLR": lambda opt: lr_scheduler.OneCycleLR(
+        opt, max_lr=0.05, total_steps=12, cycle_momentum="betas" in opt.defaults
+    ),
+    "CyclicLR": lambda opt: lr_scheduler.CyclicLR(
+        opt, base_lr=0.001, max_lr=0.05, step_size_up=3, cycle_momentum=False
+    ),
+    "ReduceLROnPlateau": lambda opt: lr_scheduler.ReduceLROnPlateau(opt, patience=0, factor=0.5),
+}
+
+
+@pytest.mark.parametrize("sched", list(SCHEDULERS))
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_lr_schedulers(name, sched):
+    """Schedulers drive lr (and betas, for OneCycleLR) exactly as with torch."""
+
+    def scenario(cls):
+        m = model()
+        opt = cls(m.parameters(), lr=0.01)
+        scheduler = SCHEDULERS[sched](opt)
+        losses, lrs, betas = [], [], []
+        for _ in range(10):
+            loss = train(opt, m, steps=1)[0]
+            losses.append(loss)
+            if sched == "ReduceLROnPlateau":
+                scheduler.step(1.0)  # never improves: lr is cut
+            else:
+                scheduler.step()
+            lrs.append(float(opt.param_groups[0]["lr"]))
+            betas.append(opt.param_groups[0].get("betas"))
+        return losses, lrs, betas, [p.detach() for p in m.parameters()]
+
+    _, lrs, betas, _ = twin(name, scenario)
+    assert len(set(lrs)) > 1
+    if sched == "OneCycleLR" and betas[0] is not None:
+        assert len({b[0] for b in betas}) > 1  # OneCycleLR rewrote beta1 each step
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("direction", ["funcopt->torch", "torch->funcopt"])
+def test_checkpoint_interop(name, direction):
+    """A state_dict saved by one side loads into the other (also through torch.save and
+    torch.load(weights_only=True)), and training then continues identically."""
+    src_cls, dst_cls = (fo_cls(name), torch_cls(name))
+    if direction == "torch->funcopt":
+        src_cls, dst_cls = dst_cls, src_cls
+    m = model()
+    src = src_cls(m.parameters(), lr=0.01, weight_decay=0.01)
+    train(src, m, steps=4)
+    buffer = io.BytesIO()
+    torch.save(src.state_dict(), buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    assert_same(saved, src.state_dict())
+
+    m2 = copy.deepcopy(m)
+    dst = dst_cls(m2.parameters(), lr=0.5)  # hyperparameters come from the checkpoint
+    dst.load_state_dict(saved)
+    assert_same(dst.state_dict(), src.state_dict())
+    assert_same(train(dst, m2, steps=4), train(src, m, steps=4))
+    assert_same(list(m2.parameters()), list(m.parameters()))
+    assert_same(dst.state_dict(), src.state_dict())
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_state_dict_deterministic_and_copies(name):
+    """torch's test_state_dict_deterministic, plus deepcopy and pickle of the optimizer."""
+
+    def scenario(cls):
+        m = model()
+        opt = cls(m.parameters(), lr=0.01)
+        train(opt, m, steps=3)
+        m2 = copy.deepcopy(m)
+        opt2 = cls(m2.parameters(), lr=0.01)
+        opt2.load_state_dict(copy.deepcopy(opt.state_dict()))
+        train(opt, m, steps=3)
+        train(opt2, m2, steps=3)
+        public = {k for k in opt.__dict__ if not k.startswith("_")}
+        assert public == {k for k in copy.deepcopy(opt).__dict__ if not k.startswith("_")}
+        clone = pickle.loads(pickle.dumps(opt))
+        clone_params = [p for g in clone.param_groups for p in g["params"]]
+        for p in clone_params:
+            p.grad = torch.ones_like(p)
+        clone.step()  # an unpickled optimizer still steps
+        return opt.state_dict(), opt2.state_dict(), list(m.parameters()), list(m2.parameters())
+
+    sd, sd2, p, p2 = twin(name, scenario)
+    assert_same(sd, sd2)
+    assert_same(p, p2)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_load_older_state_dicts(name):
+    """Checkpoints without the newer flags, or with Python-number steps, still load and
+    step (torch's test_can_load_older_state_dict and test_load_nontensor_step)."""
+
+    def scenario(cls):
+        m = model()
+        opt = cls(m.parameters(), lr=0.01)
+        train(opt, m, steps=3)
+        old = copy.deepcopy(opt.state_dict())
+        for group in old["param_groups"]:
+            for flag in ("maximize", "foreach", "fused", "differentiable", "capturable"):
+                group.pop(flag, None)
+        for p_state in old["state"].values():
+            for key in ("step", "mu_product"):
+                if key in p_state:
+                    p_state[key] = p_state[key].item()
+        opt.load_state_dict(old)
+        train(opt, m, steps=2)
+        return opt.state_dict(), list(m.parameters())
+
+    twin(name, scenario)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_hyperparameters_read_every_step(name):
+    """Editing param_groups between steps takes effect, as in torch."""
+
+    def scenario(cls):
+        m = model()
+        opt = cls(m.parameters(), lr=0.01)
+        train(opt, m, steps=2)
+        for group in opt.param_groups:
+            group["lr"] = 0.002
+            group["weight_decay"] = 0.3
+            group["maximize"] = True
+            if "betas" in group:
+                group["betas"] = (0.5, 0.9)
+        return train(opt, m, steps=3), opt.state_dict()
+
+    twin(name, scenario)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_default_dtype_float64(name):
+    """Under set_default_dtype(float64) counters are float64, as in torch."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+
+        def scenario(cls):
+            m = model(torch.float64)
+            opt = cls(m.parameters())
+            return train(opt, m, steps=3), opt.state_dict()
+
+        _, sd = twin(name, scenario)
+        assert sd["state"][0]["step"].dtype == torch.float64
+    finally:
+        torch.set_default_dtype(old)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_capturable_on_cpu_is_rejected(name):
+    if "capturable" not in inspect.signature(torch_cls(name)).parameters:
+        pytest.skip("no capturable flag")
+    for cls in (torch_cls(name), fo_cls(name)):
+        p = torch.nn.Parameter(torch.randn(3))
+        p.grad = torch.randn(3)
+        with pytest.raises(AssertionError, match="capturable=True"):
+            cls([p], capturable=True).step()
+
+
+def _diff_fn(p, grad, state, cls, kwargs, *ignored):
+    """torch's TestDifferentiableOptimizer: a step as a function of param, grad and state."""
+    p = p.clone()
+    p.grad = grad
+    state = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+    opt = cls([p], **kwargs)
+    opt.state[p].update(state)
+    opt.step()
+    return (p,) + tuple(
+        v for v in opt.state[p].values() if isinstance(v, torch.Tensor) and v.requires_grad
+    )
+
+
+DIFF_STATES = {
+    "Adadelta": lambda p: {
+        "step": torch.tensor(10.0),
+        "square_avg": torch.rand_like(p, requires_grad=True),
+        "acc_delta": torch.rand_like(p, requires_grad=True),
+    },
+    "Adagrad": lambda p: {"step": torch.tensor(10.0), "sum": torch.rand_like(p, requires_grad=True)},
+    "Adamax": lambda p: {
+        "step": torch.tensor(10.0),
+        "exp_avg": torch.rand_like(p, requires_grad=True),
+        "exp_inf": torch.rand_like(p, requires_grad=True),
+    },
+    "NAdam": lambda p: {
+        "step": torch.tensor(10.0),
+        "mu_product": torch.tensor(1.0),
+        "exp_avg": torch.rand_like(p, requires_grad=True),
+        "exp_avg_sq": torch.rand_like(p, requires_grad=True),
+    },
+}
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("kwargs", [{}, {"weight_decay": 0.1, "maximize": True}])
+def test_differentiable_step_gradcheck(name, kwargs):
+    """differentiable=True: the step is differentiable w.r.t. param, grad and state
+    (torch's TestDifferentiableOptimizer), and agrees with torch's."""
+    torch.manual_seed(0)
+    p = torch.rand(10, requires_grad=True, dtype=torch.float64)
+    grad = torch.rand(10, requires_grad=True, dtype=torch.float64)
+    state = DIFF_STATES[name](p)
+    state = {k: v.to(torch.float64) if v.requires_grad else v for k, v in state.items()}
+    kwargs = {**kwargs, "differentiable": True}
+    torch.autograd.gradcheck(
+        _diff_fn,
+        (p, grad, state, fo_cls(name), kwargs, *[v for v in state.values() if v.requires_grad]),
+    )
+    ours = _diff_fn(p, grad, state, fo_cls(name), kwargs)
+    theirs = _diff_fn(p, grad, state, torch_cls(name), kwargs)
+    assert_same(ours, theirs)
+    inputs = (p, grad, *[v for v in state.values() if v.requires_grad])
+    g_ours = torch.autograd.grad(sum(o.sum() for o in ours), inputs)
+    g_theirs = torch.autograd.grad(sum(o.sum() for o in theirs), inputs)
+    assert_same(g_ours, g_theirs)
+
+
+def _sparse_grad(i, n=6):
+    """An uncoalesced sparse gradient touching two entries (one of them twice)."""
+    idx = torch.tensor([[i % n, i % n, (i + 2) % n]])
+    return torch.sparse_coo_tensor(idx, torch.tensor([0.3, -0.1, 0.7]) * (i + 1), (n,))
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"lr": 0.1, "lr_decay": 0.2}, {"maximize": True}])
+def test_adagrad_sparse_gradients(kwargs):
+    def scenario(cls):
+        p = torch.nn.Parameter(torch.linspace(-1, 1, 6))
+        opt = cls([p], **kwargs)
+        for i in range(8):
+            p.grad = _sparse_grad(i)
+            opt.step()
+        return p.detach(), opt.state_dict()
+
+    p, _ = twin("Adagrad", scenario)
+    # the functional path accepts sparse gradients too
+    tx = fo.adagrad(**kwargs)
+    params = [torch.linspace(-1, 1, 6)]
+    state = tx.init(params)
+    for i in range(8):
+        updates, state = tx.update([_sparse_grad(i)], state, params)
+        params = fo.apply_updates(params, updates)
+    assert_same(params[0], p)
+
+
+def test_adagrad_fused_flag():
+    """fused=True is accepted on CPU and keeps torch's state layout (float32 step)."""
+
+    def scenario(cls):
+        m = model(torch.float64)
+        opt = cls(m.parameters(), fused=True)
+        sd0 = copy.deepcopy(opt.state_dict())
+        return sd0, train(opt, m, steps=3), opt.state_dict()
+
+    sd0, _, _ = twin("Adagrad", scenario)
+    assert sd0["state"][0]["step"].dtype == torch.float32
+
+
+def test_adagrad_initial_accumulator_comes_from_defaults():
+    """torch quirk: a group's own initial_accumulator_value is ignored."""
+
+    def scenario(cls):
+        a, b = torch.nn.Parameter(torch.randn(3)), torch.nn.Parameter(torch.randn(3))
+        opt = cls([{"params": [a]}, {"params": [b], "initial_accumulator_value": 5.0}], initial_accumulator_value=0.5)
+        c = torch.nn.Parameter(torch.randn(3))
+        opt.add_param_group({"params": [c], "initial_accumulator_value": 7.0})
+        for p in (a, b, c):
+            p.grad = torch.ones(3)
+        opt.step()
+        return opt.state_dict()
+
+    sd = twin("Adagrad", scenario)
+    assert float(sd["state"][1]["sum"][0]) == 1.5  # 0.5 from the defaults, plus 1
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_bfloat16_params(name):
+    def scenario(cls):
+        m = model(torch.bfloat16)
+        opt = cls(m.parameters(), lr=0.01)
+        return train(opt, m, steps=3), opt.state_dict()
+
+    _, sd = twin(name, scenario)
+    assert sd["state"][0][list(sd["state"][0])[-1]].dtype == torch.bfloat16

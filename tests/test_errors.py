@@ -1,0 +1,153 @@
+"""Bad input raises torch.optim's exceptions, in the adapters and in the factories."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+
+import pytest
+import torch
+from helpers import ALGORITHMS, INFOS, factory, fo_cls, torch_cls
+from torch.testing._internal.common_optimizers import OptimizerErrorEnum
+
+ERROR_CASES = [
+    (name, i, e)
+    for name in ALGORITHMS
+    for i, e in enumerate(INFOS[name].optim_error_inputs_func("cpu", torch.float32))
+]
+
+
+@pytest.mark.parametrize(
+    "name,i,error_input", ERROR_CASES, ids=[f"{n}-{e.optimizer_error_input.desc}" for n, _, e in ERROR_CASES]
+)
+def test_torch_error_inputs(name, i, error_input):
+    """Every entry of torch's ``optim_error_inputs_func`` raises torch's type and message."""
+    optim_input = error_input.optimizer_error_input
+    cls = fo_cls(name)
+    if error_input.error_on == OptimizerErrorEnum.CONSTRUCTION_ERROR:
+        if issubclass(error_input.error_type, Warning):
+            with pytest.warns(error_input.error_type, match=error_input.error_regex):
+                cls(optim_input.params, **optim_input.kwargs)
+        else:
+            with pytest.raises(error_input.error_type, match=error_input.error_regex):
+                cls(optim_input.params, **optim_input.kwargs)
+    else:
+        opt = cls(optim_input.params, **optim_input.kwargs)
+        with pytest.raises(error_input.error_type, match=error_input.error_regex):
+            opt.step()
+
+
+def _numeric_args(name):
+    sig = inspect.signature(torch_cls(name).__init__)
+    return {
+        k: p.default
+        for k, p in sig.parameters.items()
+        if isinstance(p.default, (int, float, tuple)) and not isinstance(p.default, bool)
+    }
+
+
+def _bad_values(default):
+    values = [-0.5, 1.0, 1.5, math.nan, math.inf]
+    if isinstance(default, tuple):
+        return [tuple(v if j == i else d for j, d in enumerate(default)) for i in range(len(default)) for v in values]
+    return values
+
+
+def _outcome(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the exception itself is what is compared
+        return type(e), str(e)
+    return None
+
+
+BAD_CASES = [
+    (name, key, value)
+    for name in ALGORITHMS
+    for key, default in _numeric_args(name).items()
+    for value in _bad_values(default)
+]
+
+
+@pytest.mark.parametrize("name,key,value", BAD_CASES, ids=[f"{n}-{k}={v}" for n, k, v in BAD_CASES])
+def test_out_of_range_hyperparameter(name, key, value):
+    """Out-of-range values: the same exception (type and message) as torch, or none if
+    torch accepts the value; the functional factory raises the same for Python numbers."""
+    params = [torch.nn.Parameter(torch.randn(2))]
+    expected = _outcome(lambda: torch_cls(name)(params, **{key: value}))
+    assert _outcome(lambda: fo_cls(name)(params, **{key: value})) == expected
+    assert _outcome(lambda: factory(name)(**{key: value})) == expected
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_functional_skips_range_checks_on_tensors(name):
+    """A tensor hyperparameter may be batched or traced: it is never read in Python."""
+    factory(name)(lr=torch.tensor(-1.0))  # no error
+    with pytest.raises(ValueError, match="Tensor lr must be 1-element"):
+        factory(name)(lr=torch.tensor([0.1, 0.2]))
+
+
+@pytest.mark.parametrize("name", ["Adadelta", "Adamax", "NAdam"])
+def test_sparse_gradients_rejected(name):
+    p = torch.nn.Parameter(torch.randn(4))
+    p.grad = torch.randn(4).to_sparse()
+    for cls in (torch_cls(name), fo_cls(name)):
+        with pytest.raises(RuntimeError, match=f"{name} does not support sparse gradients"):
+            cls([p]).step()
+    tx = factory(name)()
+    with pytest.raises(RuntimeError, match=f"{name} does not support sparse gradients"):
+        tx.update([p.grad], tx.init([p.detach()]), [p.detach()])
+
+
+def test_adagrad_sparse_with_weight_decay_rejected():
+    p = torch.nn.Parameter(torch.randn(4))
+    p.grad = torch.randn(4).to_sparse()
+    msg = "weight_decay option is not compatible with sparse gradients"
+    for cls in (torch.optim.Adagrad, fo_cls("Adagrad")):
+        with pytest.raises(RuntimeError, match=msg):
+            cls([p], weight_decay=0.1).step()
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"fused": True, "differentiable": True}, "`fused` does not support `differentiable`"),
+        ({"fused": True, "foreach": True}, "`fused` and `foreach` cannot be `True` together"),
+    ],
+)
+def test_adagrad_fused_conflicts(kwargs, message):
+    for cls in (torch.optim.Adagrad, fo_cls("Adagrad")):
+        with pytest.raises(RuntimeError, match=re.escape(message)):
+            cls([torch.nn.Parameter(torch.randn(2))], **kwargs)
+
+
+def test_adagrad_fused_needs_floating_point():
+    p = torch.nn.Parameter(torch.randn(3, dtype=torch.complex64))
+    p.grad = torch.randn_like(p)
+    for cls in (torch.optim.Adagrad, fo_cls("Adagrad")):
+        with pytest.raises(RuntimeError):
+            cls([p], fused=True).step()
+
+
+def test_update_without_params_needs_no_weight_decay():
+    params = {"w": torch.randn(3)}
+    grads = {"w": torch.randn(3)}
+    tx = factory("NAdam")()
+    tx.update(grads, tx.init(params))  # fine without weight decay
+    tx = factory("NAdam")(weight_decay=0.1)
+    with pytest.raises(ValueError, match="needs the params"):
+        tx.update(grads, tx.init(params))
+
+
+def test_update_with_wrong_state():
+    params = {"w": torch.randn(3)}
+    with pytest.raises(TypeError, match="NAdamState"):
+        factory("NAdam")().update(params, factory("Adamax")().init(params), params)
+
+
+def test_optimizer_rejects_non_transform():
+    import funcopt as fo
+
+    with pytest.raises(TypeError, match="GradientTransformation"):
+        fo.Optimizer([torch.nn.Parameter(torch.randn(2))], 3)

@@ -1,0 +1,87 @@
+"""funcopt.X and funcopt.x against torch.optim.X, over torch's own table of option
+combinations (``optim_inputs_func``, CPU, with the implementation flags torch tests).
+
+Each case runs 12 steps with random gradients, some of them None (those params are
+skipped: their state must not move), and checks after construction and after every
+step that the adapter's params and ``state_dict()`` equal torch's, and that the
+functional path's params and state equal torch's too.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from helpers import (
+    ALGORITHMS,
+    assert_same,
+    factory,
+    fo_cls,
+    functional_kwargs,
+    make_params,
+    optim_inputs,
+    torch_cls,
+)
+
+import funcopt as fo
+
+CASES = [(name, desc, kwargs) for name in ALGORITHMS for desc, kwargs in optim_inputs(name)]
+DTYPES = [torch.float32, torch.float64, torch.complex64]
+STEPS = 12
+NO_GRAD = {3: {0, 1, 2, 3}, 7: {1, 3}}  # step -> params without a gradient
+
+
+def _leaves(base: list[torch.Tensor], differentiable: bool) -> list[torch.Tensor]:
+    leaves = [p.clone().requires_grad_() for p in base]
+    # torch's differentiable step updates params in place inside the graph: non-leaves.
+    return [p.clone() for p in leaves] if differentiable else leaves
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "name,desc,kwargs", CASES, ids=[f"{n}-{d}" for n, d, _ in CASES]
+)
+def test_matches_torch(name, desc, kwargs, dtype):
+    differentiable = kwargs.get("differentiable", False)
+    if dtype.is_complex and differentiable:
+        pytest.skip("torch does not test complex with differentiable=True (pytorch#116490)")
+    base = make_params(dtype)
+    ref_params = _leaves(base, differentiable)
+    our_params = _leaves(base, differentiable)
+    ref = torch_cls(name)(ref_params, **kwargs)
+    ours = fo_cls(name)(our_params, **kwargs)
+    assert_same(ours.state_dict(), ref.state_dict(), "state_dict at construction")
+
+    tx = factory(name)(**functional_kwargs(kwargs))
+    f_params = {str(i): p.clone() for i, p in enumerate(base)}
+    f_state = tx.init(f_params)
+
+    gen = torch.Generator().manual_seed(1)
+    for step in range(STEPS):
+        grads = [torch.randn(p.shape, generator=gen, dtype=dtype) for p in base]
+        grads = [None if i in NO_GRAD.get(step, ()) else g for i, g in enumerate(grads)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # .grad of a non-leaf (differentiable)
+            for ps in (ref_params, our_params):
+                for p, g in zip(ps, grads):
+                    p.grad = None if g is None else g.clone()
+        if kwargs.get("fused") and dtype.is_complex:
+            with pytest.raises(RuntimeError):
+                ref.step()
+            with pytest.raises(RuntimeError):
+                ours.step()
+            return
+        ref.step()
+        ours.step()
+        assert_same(our_params, ref_params, f"params after step {step}")
+        assert_same(ours.state_dict(), ref.state_dict(), f"state_dict after step {step}")
+
+        updates, f_state = tx.update(
+            {str(i): g for i, g in enumerate(grads)}, f_state, f_params
+        )
+        f_params = fo.apply_updates(f_params, updates)
+        assert_same(list(f_params.values()), ref_params, f"functional params after step {step}")
+        for i, p in enumerate(ref_params):
+            for key, value in ref.state.get(p, {}).items():
+                assert_same(getattr(f_state, key)[str(i)], value, f"functional {key}[{i}]")
