@@ -107,12 +107,13 @@ class Optimizer(torch.optim.Optimizer):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
-        # Groups saved before a flag existed get its default, as torch's classes do.
+        # Groups saved before a flag existed get the constructor's default for it, as
+        # torch's classes do (a generic Optimizer's constructor has no defaults).
         defaults = {
             name: p.default
             for name, p in inspect.signature(type(self).__init__).parameters.items()
             if p.default is not inspect.Parameter.empty
-        } or self.defaults
+        }
         algorithm = self._transform if isinstance(self._transform, Algorithm) else None
         for group in self.param_groups:
             for key, value in defaults.items():

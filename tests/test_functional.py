@@ -1,0 +1,258 @@
+"""The functional API: purity, pytrees, tensor hyperparameters, dtypes, chain, clipping,
+and the generic `fo.Optimizer` adapter."""
+
+from __future__ import annotations
+
+import copy
+from typing import NamedTuple
+
+import optree
+import pytest
+import torch
+from helpers import ALGORITHMS, assert_same, factory, torch_cls
+
+import funcopt as fo
+
+NUMERIC = {
+    "Adadelta": dict(lr=0.5, rho=0.8, eps=1e-5, weight_decay=0.1),
+    "Adagrad": dict(lr=0.1, lr_decay=0.05, weight_decay=0.1, initial_accumulator_value=0.2, eps=1e-8),
+    "Adamax": dict(lr=0.01, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1),
+    "NAdam": dict(lr=0.01, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1, momentum_decay=0.01),
+}
+
+
+def params_and_grads(dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    params = {"w": torch.randn(4, 3, generator=g, dtype=dtype), "b": torch.randn(3, generator=g, dtype=dtype)}
+    grads = [
+        {k: torch.randn(v.shape, generator=g, dtype=dtype) for k, v in params.items()} for _ in range(5)
+    ]
+    return params, grads
+
+
+def run(tx, params, grads_seq):
+    state = tx.init(params)
+    for grads in grads_seq:
+        updates, state = tx.update(grads, state, params)
+        params = fo.apply_updates(params, updates)
+    return params, state
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_inputs_are_never_mutated(name):
+    params, grads = params_and_grads()
+    tx = factory(name)(**NUMERIC[name])
+    state = tx.init(params)
+    state = tx.update(grads[0], state, params)[1]  # a non-trivial state
+    inputs = (params, grads[1], state)
+    snapshot = optree.tree_map(torch.clone, inputs)
+    versions = [t._version for t in optree.tree_leaves(inputs)]
+    updates, new_state = tx.update(*[grads[1], state, params])
+    fo.apply_updates(params, updates)
+    assert_same(list(optree.tree_leaves(inputs)), list(optree.tree_leaves(snapshot)))
+    assert [t._version for t in optree.tree_leaves(inputs)] == versions
+    for old, new in zip(optree.tree_leaves(state), optree.tree_leaves(new_state)):
+        assert new is not old, "the new state must be new tensors"
+
+
+@pytest.mark.parametrize("tensor_dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_tensor_hyperparameters_equal_floats(name, tensor_dtype):
+    """0-d tensor hyperparameters give the float result, and never promote: a float32
+    param with float64 hyperparameters keeps float32 updates and state."""
+    params, grads = params_and_grads()
+    as_tensor = lambda v: torch.tensor(v, dtype=tensor_dtype)  # noqa: E731
+    tensors = {
+        k: tuple(as_tensor(x) for x in v) if isinstance(v, tuple) else as_tensor(v)
+        for k, v in NUMERIC[name].items()
+    }
+    expected, expected_state = run(factory(name)(**NUMERIC[name]), params, grads)
+    actual, actual_state = run(factory(name)(**tensors), params, grads)
+    tol = {} if tensor_dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-6}
+    assert_same(actual, expected, **tol)
+    assert_same(list(actual_state), list(expected_state), **tol)  # dtypes checked too
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_counter_dtype_does_not_promote(name):
+    """A float64 step counter (default dtype float64 at init) does not promote float32."""
+    params, grads = params_and_grads()
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        state = factory(name)().init(params)
+    finally:
+        torch.set_default_dtype(old)
+    assert state.step["w"].dtype == torch.float64
+    updates, new_state = factory(name)().update(grads[0], state, params)
+    assert updates["w"].dtype == torch.float32
+    assert new_state.step["w"].dtype == torch.float64
+    assert all(t.dtype == torch.float32 for f in new_state[1:] for t in f.values() if t.dim() > 0)
+
+
+class Layer(NamedTuple):
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_any_pytree_and_state_mirrors_params(name):
+    """dicts, lists, nested tuples and NamedTuples; each state field mirrors the params,
+    so the buffer of a param is found by the param's own path."""
+    torch.manual_seed(0)
+    params = {"layers": [Layer(torch.randn(3, 2), None), Layer(torch.randn(2, 2), torch.randn(2))], "scale": (torch.randn(()),)}
+    grads = optree.tree_map(lambda p: None if p is None else torch.randn_like(p), params, none_is_leaf=True)
+    tx = factory(name)(weight_decay=0.1)
+    state = tx.init(params)
+    for field in state:
+        assert optree.tree_structure(field, none_is_leaf=True) == optree.tree_structure(params, none_is_leaf=True)
+    updates, state = tx.update(grads, state, params)
+    new = fo.apply_updates(params, updates)
+    assert new["layers"][0].bias is None and isinstance(new["layers"][1], Layer)
+    # same result as a flat list of the same tensors
+    flat = [p for p in optree.tree_leaves(params)]
+    flat_updates, _ = tx.update(optree.tree_leaves(grads), tx.init(flat), flat)
+    assert_same(optree.tree_leaves(updates), flat_updates)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_none_gradient_skips_the_leaf(name):
+    """A None gradient: its update is None and its state, counters included, is kept."""
+    params, grads = params_and_grads()
+    tx = factory(name)()
+    _, state = tx.update(grads[0], tx.init(params), params)
+    updates, new_state = tx.update({"w": None, "b": grads[1]["b"]}, state, params)
+    assert updates["w"] is None
+    for old, new in zip(state, new_state):
+        assert new["w"] is old["w"]
+        assert new["b"] is not old["b"]
+    assert int(new_state.step["b"]) == 2 and int(new_state.step["w"]) == 1
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_bfloat16(name):
+    params, grads = params_and_grads(torch.bfloat16)
+    new, state = run(factory(name)(**NUMERIC[name]), params, grads)
+    assert all(p.dtype == torch.bfloat16 for p in new.values())
+    ref, _ = run(factory(name)(**NUMERIC[name]), *params_and_grads(torch.float32))
+    for k in new:  # bf16 has ~3 significant digits
+        torch.testing.assert_close(new[k].float(), ref[k], rtol=0.05, atol=0.05)
+
+
+def test_apply_updates():
+    params = {"a": torch.ones(2, dtype=torch.float16), "b": torch.ones(2), "c": torch.ones(1)}
+    new = fo.apply_updates(params, {"a": torch.full((2,), 0.5, dtype=torch.float32), "b": None, "c": torch.ones(1)})
+    assert new["a"].dtype == torch.float16 and torch.equal(new["a"], torch.full((2,), 1.5, dtype=torch.float16))
+    assert new["b"] is params["b"]
+    assert torch.equal(params["c"], torch.ones(1))  # not mutated
+
+
+@pytest.mark.parametrize("max_norm", [0.0, 0.5, 100.0])
+def test_clip_by_global_norm_matches_torch(max_norm):
+    torch.manual_seed(0)
+    grads = [torch.randn(3, 4), torch.randn(5), torch.randn((), dtype=torch.float64)]
+    clipped, state = fo.clip_by_global_norm(max_norm).update([*grads, None], fo.EmptyState())
+    ps = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for p, g in zip(ps, grads):
+        p.grad = g.clone()
+    torch.nn.utils.clip_grad_norm_(ps, max_norm)
+    assert_same(clipped[:3], [p.grad for p in ps])
+    assert clipped[3] is None and state == fo.EmptyState()
+
+
+def test_chain_equals_clip_then_torch_nadam():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    tx = fo.chain(fo.clip_by_global_norm(0.1), fo.nadam(lr=0.01))
+    state = tx.init(params)
+    opt = torch.optim.NAdam(model.parameters(), lr=0.01)
+    x = torch.randn(16, 4)
+    for _ in range(5):
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        grads = {k: v.grad.clone() for k, v in model.named_parameters()}
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+        opt.step()
+        updates, state = tx.update(grads, state, params)
+        params = fo.apply_updates(params, updates)
+    assert_same(list(params.values()), [p.detach() for p in model.parameters()])
+    with pytest.raises(ValueError, match="chain of 2"):
+        tx.update(grads, state[:1], params)
+
+
+# -- the generic adapter ------------------------------------------------------------
+
+
+def train(opt, model, steps, scheduler=None, clip=None):
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(16, 4, generator=gen), torch.randn(16, 3, generator=gen)
+    for _ in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        if scheduler is not None:
+            scheduler.step()
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_optimizer_with_a_factory_equals_torch(name):
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    b.load_state_dict(a.state_dict())
+    train(torch_cls(name)(a.parameters(), lr=0.05), a, 6)
+    opt = fo.Optimizer(b.parameters(), factory(name), lr=0.05)
+    train(opt, b, 6)
+    assert_same(list(b.parameters()), list(a.parameters()))
+    assert list(opt.state[next(b.parameters())]) == list(factory(name)().init([torch.zeros(1)])._fields)
+
+
+def test_optimizer_chain_with_scheduler_and_checkpoint():
+    """A chain as a torch optimizer: lr driven by a scheduler through the factory; its
+    state_dict round-trips and training resumes identically."""
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    b.load_state_dict(a.state_dict())
+    ref = torch.optim.NAdam(a.parameters(), lr=0.05)
+    ref_sched = torch.optim.lr_scheduler.StepLR(ref, step_size=2, gamma=0.5)
+
+    def make(lr):
+        return fo.chain(fo.clip_by_global_norm(0.5), fo.nadam(lr=lr))
+
+    opt = fo.Optimizer(b.parameters(), make, lr=0.05)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    train(ref, a, 4, ref_sched, clip=0.5)
+    train(opt, b, 4, sched)
+    assert_same(list(b.parameters()), list(a.parameters()))
+
+    saved = copy.deepcopy(opt.state_dict())
+    assert set(saved["state"][0]) == {"1.step", "1.mu_product", "1.exp_avg", "1.exp_avg_sq"}
+    c = copy.deepcopy(b)
+    opt2 = fo.Optimizer(c.parameters(), make, lr=0.05)
+    opt2.load_state_dict(saved)
+    train(opt, b, 3)
+    train(opt2, c, 3)
+    assert_same(list(c.parameters()), list(b.parameters()))
+    assert_same(opt2.state_dict(), opt.state_dict())
+
+
+def test_optimizer_with_a_fixed_transformation():
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    b.load_state_dict(a.state_dict())
+    train(torch.optim.Adamax(a.parameters(), lr=0.01), a, 4)
+    train(fo.Optimizer(b.parameters(), fo.adamax(lr=0.01)), b, 4)
+    assert_same(list(b.parameters()), list(a.parameters()))
+
+
+def test_optimizer_skips_params_without_grad():
+    torch.manual_seed(0)
+    used, unused = torch.nn.Parameter(torch.randn(3)), torch.nn.Parameter(torch.randn(3))
+    opt = fo.Optimizer([used, unused], lambda lr: fo.chain(fo.clip_by_global_norm(1.0), fo.nadam(lr=lr)), lr=0.1)
+    used.grad = torch.ones(3)
+    before = unused.detach().clone()
+    opt.step()
+    assert torch.equal(unused.detach(), before) and unused not in opt.state
+    assert float(opt.state[used]["1.step"]) == 1

@@ -1,0 +1,67 @@
+"""`InPlace` and `Pure` compute the same thing; `Pure` mutates nothing and never
+promotes: a float64 0-d coefficient applied to float32 (or a 0-d float32) stays float32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from funcopt._src.ops import InPlace, Pure, nonzero
+
+# name, tensor arguments (by shape), coefficients (keyword or trailing positional)
+CASES = [
+    ("add", 2, {"alpha": 0.3}),
+    ("add_", 2, {"alpha": -0.7}),
+    ("mul_", 1, (0.9,)),
+    ("div", 1, (1.7,)),
+    ("div_", 2, {}),
+    ("lerp_", 2, (0.1,)),
+    ("addcmul_", 3, {"value": 0.05}),
+    ("addcdiv_", 3, {"value": -0.02}),
+    ("maximum_", 2, {}),
+    ("sqrt_", 1, {}),
+]
+
+
+def _args(n, shape, dtype):
+    g = torch.Generator().manual_seed(0)
+    return [torch.rand(shape, generator=g, dtype=dtype) + 0.5 for _ in range(n)]
+
+
+@pytest.mark.parametrize("shape", [(3, 4), ()], ids=["matrix", "0-d"])
+@pytest.mark.parametrize("name,n,coefs", CASES, ids=[c[0] for c in CASES])
+def test_inplace_and_pure_agree(name, n, coefs, shape):
+    dtype = torch.float32
+    args = _args(n, shape, dtype)
+    kwargs = coefs if isinstance(coefs, dict) else {}
+    extra = coefs if isinstance(coefs, tuple) else ()
+    inplace_args = [a.clone() for a in args]
+    expected = getattr(InPlace, name)(*inplace_args, *extra, **kwargs)
+    if name.endswith("_"):
+        assert expected is inplace_args[0] or name in ("maximum_",) and expected.data_ptr() == inplace_args[0].data_ptr()
+    snapshot = [a.clone() for a in args]
+    as_tensor = lambda c: torch.tensor(c, dtype=torch.float64)  # noqa: E731
+    for convert in (lambda c: c, as_tensor):
+        result = getattr(Pure, name)(
+            *args, *[convert(c) for c in extra], **{k: convert(v) for k, v in kwargs.items()}
+        )
+        assert result.dtype == dtype
+        torch.testing.assert_close(result, expected)
+        for a, s in zip(args, snapshot):
+            assert torch.equal(a, s)
+
+
+def test_pure_accumulates_into_a_zero_update():
+    x, y = _args(2, (4,), torch.float32)
+    assert Pure.start(x) is None
+    torch.testing.assert_close(Pure.add_(None, x, alpha=0.5), x * 0.5)
+    torch.testing.assert_close(Pure.addcdiv_(None, x, y, value=2.0), x / y * 2)
+    # decay_ multiplies the param: in place on p itself, or as an update from p
+    torch.testing.assert_close(x + Pure.decay_(None, x, 0.9), InPlace.decay_(x.clone(), x, 0.9))
+    torch.testing.assert_close(Pure.decay_(y, x, 0.9), (x + y) * 0.9 - x)
+    assert InPlace.start(x) is x
+
+
+def test_nonzero():
+    assert not nonzero(0) and not nonzero(0.0) and nonzero(0.1)
+    assert nonzero(torch.tensor(0.0))  # tensors are never read in Python
