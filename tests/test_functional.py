@@ -12,6 +12,7 @@ import torch
 from helpers import ALGORITHMS, assert_same, factory, torch_cls
 
 import funcopt as fo
+from funcopt._src import inplace
 
 NUMERIC = {
     "Adadelta": dict(lr=0.5, rho=0.8, eps=1e-5, weight_decay=0.1),
@@ -38,8 +39,13 @@ def run(tx, params, grads_seq):
     return params, state
 
 
+@pytest.mark.parametrize("segments", [False, True])
 @pytest.mark.parametrize("name", ALGORITHMS)
-def test_inputs_are_never_mutated(name):
+def test_inputs_are_never_mutated(name, segments, monkeypatch):
+    """Pure ops, or (tiny segments) the eager path that computes in place in fresh memory."""
+    if segments:
+        monkeypatch.setattr(inplace, "SMALL", 4)
+        monkeypatch.setattr(inplace, "SEGMENT", 5)
     params, grads = params_and_grads()
     tx = factory(name)(**NUMERIC[name])
     state = tx.init(params)

@@ -53,13 +53,14 @@ def test_inplace_and_pure_agree(name, n, coefs, shape):
 
 def test_pure_accumulates_into_a_zero_update():
     x, y = _args(2, (4,), torch.float32)
-    assert Pure.start(x) is None
     torch.testing.assert_close(Pure.add_(None, x, alpha=0.5), x * 0.5)
     torch.testing.assert_close(Pure.addcdiv_(None, x, y, value=2.0), x / y * 2)
-    # decay_ multiplies the param: in place on p itself, or as an update from p
-    torch.testing.assert_close(x + Pure.decay_(None, x, 0.9), InPlace.decay_(x.clone(), x, 0.9))
+    # decay_ multiplies the param: `out` is the param itself, or an update to it
+    p = x.clone()
+    torch.testing.assert_close(InPlace.decay_(p, p, 0.9), x * 0.9)
+    torch.testing.assert_close(x + Pure.decay_(None, x, 0.9), x * 0.9)
     torch.testing.assert_close(Pure.decay_(y, x, 0.9), (x + y) * 0.9 - x)
-    assert InPlace.start(x) is x
+    torch.testing.assert_close(InPlace.decay_(y.clone(), x, 0.9), (x + y) * 0.9 - x)
 
 
 def test_nonzero():

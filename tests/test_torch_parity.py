@@ -25,6 +25,7 @@ from helpers import (
 )
 
 import funcopt as fo
+from funcopt._src import algorithm, inplace
 
 CASES = [(name, desc, kwargs) for name in ALGORITHMS for desc, kwargs in optim_inputs(name)]
 DTYPES = [torch.float32, torch.float64, torch.complex64]
@@ -38,11 +39,24 @@ def _leaves(base: list[torch.Tensor], differentiable: bool) -> list[torch.Tensor
     return [p.clone() for p in leaves] if differentiable else leaves
 
 
+@pytest.fixture(params=["default", "segments", "traced"])
+def path(request, monkeypatch):
+    """Which code paths run: the real sizes; tiny segments, so that the in-place paths
+    split params into blocks and chunks even here; or the functional update forced onto
+    its traced path (Pure ops, tensor coefficients), as under torch.func/compile."""
+    if request.param == "segments":
+        monkeypatch.setattr(inplace, "SMALL", 8)
+        monkeypatch.setattr(inplace, "SEGMENT", 16)
+    if request.param == "traced":
+        monkeypatch.setattr(algorithm, "plain_eager", lambda *args: False)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(
     "name,desc,kwargs", CASES, ids=[f"{n}-{d}" for n, d, _ in CASES]
 )
-def test_matches_torch(name, desc, kwargs, dtype):
+def test_matches_torch(name, desc, kwargs, dtype, path):
     differentiable = kwargs.get("differentiable", False)
     if dtype.is_complex and differentiable:
         pytest.skip("torch does not test complex with differentiable=True (pytorch#116490)")
@@ -85,3 +99,32 @@ def test_matches_torch(name, desc, kwargs, dtype):
         for i, p in enumerate(ref_params):
             for key, value in ref.state.get(p, {}).items():
                 assert_same(getattr(f_state, key)[str(i)], value, f"functional {key}[{i}]")
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_large_tensors_match_torch(name):
+    """Real sizes: a param split into several blocks, a non-contiguous large one, and a
+    large complex one, for the adapter and the functional path."""
+    gen = torch.Generator().manual_seed(0)
+    base = [
+        torch.randn(3 * inplace.SEGMENT + 5, generator=gen),
+        torch.randn(300, 400, 2, generator=gen)[..., 0],
+        torch.randn(2 * inplace.SMALL, dtype=torch.complex64, generator=gen),
+    ]
+    ref_params = [p.clone().requires_grad_() for p in base]
+    our_params = [p.clone().requires_grad_() for p in base]
+    ref, ours = torch_cls(name)(ref_params, weight_decay=0.1), fo_cls(name)(our_params, weight_decay=0.1)
+    tx = factory(name)(weight_decay=0.1)
+    f_params, f_state = list(base), tx.init(list(base))
+    for _ in range(3):
+        grads = [torch.randn(p.shape, generator=gen, dtype=p.dtype) for p in base]
+        for ps in (ref_params, our_params):
+            for p, g in zip(ps, grads):
+                p.grad = g.clone()
+        ref.step()
+        ours.step()
+        updates, f_state = tx.update(grads, f_state, f_params)
+        f_params = fo.apply_updates(f_params, updates)
+    assert_same(our_params, ref_params)
+    assert_same(ours.state_dict(), ref.state_dict())
+    assert_same(f_params, ref_params)

@@ -36,9 +36,8 @@ def _schedule(step, **_):
     return (step + 1,), ()
 
 
-def _elementwise(o, p, g, square_avg, acc_delta, coefficients, *, lr, rho, eps,
+def _elementwise(o, out, p, g, square_avg, acc_delta, coefficients, *, lr, rho, eps,
                  weight_decay, maximize, **_):  # fmt: skip
-    out = o.start(p)
     if maximize:
         g = o.neg(g)
     if nonzero(weight_decay):

@@ -38,9 +38,8 @@ def _schedule(step, *, lr, lr_decay, **_):
     return (step,), (lr / (1 + (step - 1) * lr_decay),)
 
 
-def _elementwise(o, p, g, sum_, coefficients, *, eps, weight_decay, maximize, **_):
+def _elementwise(o, out, p, g, sum_, coefficients, *, eps, weight_decay, maximize, **_):
     (clr,) = coefficients
-    out = o.start(p)
     if maximize:
         g = o.neg(g)
     if nonzero(weight_decay):

@@ -36,11 +36,10 @@ def _schedule(step, *, lr, betas, **_):
     return (step,), (lr / (1 - betas[0] ** step),)
 
 
-def _elementwise(o, p, g, exp_avg, exp_inf, coefficients, *, betas, eps, weight_decay,
+def _elementwise(o, out, p, g, exp_avg, exp_inf, coefficients, *, betas, eps, weight_decay,
                  maximize, **_):  # fmt: skip
     (clr,) = coefficients
     beta1, beta2 = betas
-    out = o.start(p)
     if maximize:
         g = o.neg(g)
     if nonzero(weight_decay):

@@ -27,7 +27,8 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
-from .algorithm import Algorithm, Hyperparams, scalar_dtype
+from . import inplace
+from .algorithm import Algorithm, Hyperparams, as_real, scalar_dtype
 from .base import GradientTransformation
 from .ops import InPlace
 
@@ -239,25 +240,47 @@ def _step_in_place(
     grads: list[Tensor],
     states: list[dict[str, Any]],
 ) -> None:
-    """torch.optim's for-loop: one param at a time, state and param updated in place."""
-    counter_names = algorithm.counters
-    buffer_names = algorithm.fields[len(counter_names) :]
-    schedules: dict[tuple[float, ...], Any] = {}
+    """torch.optim's for-loop, in place. Per param, the counters are read as Python
+    floats and the schedule runs in double precision (once per distinct counter
+    values); the elementwise math runs on flat segments (see ``inplace.py``)."""
+    k = len(algorithm.counters)
+    schedules: dict[tuple[float, ...], Any] = {}  # counter values -> schedule, counters
+    chunks: dict[Any, list[list[Tensor]]] = {}  # (values, dtype, device) -> flat views
+    sizes: dict[Any, int] = {}  # elements in each chunk
     for p, g, state in zip(params, grads, states):
         algorithm.check_grad(g)
-        counters = [state[name] for name in counter_names]
-        values = tuple(c.item() for c in counters)
-        schedule = schedules.get(values)
-        if schedule is None:
-            schedule = schedules[values] = algorithm.schedule(*values, **hyperparams)
-        new_values, coefficients = schedule
-        for c, v in zip(counters, new_values):
-            c.fill_(v)
-        buffers = [state[name] for name in buffer_names]
-        _, new_buffers = algorithm.run(InPlace, p, g, buffers, coefficients, hyperparams)
-        for name, old, new in zip(buffer_names, buffers, new_buffers):
-            if new is not old and new.data_ptr() != old.data_ptr():
-                state[name].copy_(new)
+        tensors = [state[name] for name in algorithm.fields]
+        values = tuple(c.item() for c in tensors[:k])
+        entry = schedules.get(values)
+        if entry is None:
+            entry = schedules[values] = (*algorithm.schedule(*values, **hyperparams), [])
+        entry[2].append(tensors[:k])
+        coefficients = entry[1]
+        buffers = tensors[k:]
+        if p.is_complex():
+            p, g, buffers = as_real(p), as_real(g), [as_real(b) for b in buffers]
+        if g.is_sparse or not algorithm.per_element or not inplace.blockable(p, *buffers):
+            inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
+        elif p.numel() > inplace.SMALL:
+            inplace.run_blocks(algorithm, coefficients, hyperparams, p, p, g, buffers)
+        else:
+            key = (values, p.dtype, p.device)
+            chunk = chunks.get(key)
+            if chunk is None:
+                chunk = chunks[key] = [[] for _ in range(2 + len(buffers))]
+            for column, t in zip(chunk, (p, g, *buffers)):
+                column.append(t.flatten())  # a view: the params and buffers are contiguous
+            size = sizes.pop(key, 0) + p.numel()
+            if size >= inplace.SEGMENT:
+                inplace.run_chunk(algorithm, coefficients, hyperparams, chunks.pop(key))
+            else:
+                sizes[key] = size
+    for (values, _, _), chunk in chunks.items():
+        inplace.run_chunk(algorithm, schedules[values][1], hyperparams, chunk)
+    for new_values, _, counters in schedules.values():
+        for j, value in enumerate(new_values):
+            column = [c[j] for c in counters]
+            torch._foreach_copy_(column, [torch.tensor(value, dtype=torch.float64)] * len(column))
 
 
 def _check_fused(p: Tensor, g: Tensor) -> None:

@@ -26,9 +26,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import optree
 import torch
 from torch import Tensor
 
+from . import inplace
 from .base import GradientTransformation, Params, State, Updates, real_dtype, tree_flatten
 from .ops import Pure, nonzero
 
@@ -84,6 +86,26 @@ def as_real(t: Tensor) -> Tensor:
     return torch.view_as_real(t) if t.is_complex() else t
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def plain_eager(hyperparams: Hyperparams, *leaf_lists: Sequence[Any]) -> bool:
+    """Whether nothing traces this update: no torch.compile, no torch.func transform, no
+    tensor hyperparameter, no input recording autograd, no tensor subclass. Then the
+    update may compute its new tensors in place, in fresh memory (see ``inplace.py``);
+    otherwise it uses `Pure` ops only."""
+    if torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None:
+        return False
+    if any(isinstance(v, Tensor) for v in optree.tree_leaves(hyperparams)):
+        return False
+    grad = torch.is_grad_enabled()
+    return all(
+        t is None or (type(t) in _PLAIN and not (grad and t.requires_grad))
+        for leaves in leaf_lists
+        for t in leaves
+    )
+
+
 def normalize(hyperparams: Hyperparams) -> Hyperparams:
     """1-element tensors become 0-d (so they broadcast like numbers); tuples stay tuples."""
 
@@ -112,6 +134,9 @@ class Algorithm:
     bounds: tuple[Bound, ...]
     sparse: bool = False  # accepts sparse gradients
     eager_state: bool = False  # torch creates the state at construction (Adagrad)
+    # Each element's update depends on that element alone (no per-tensor reductions),
+    # so the adapters may concatenate small tensors and step them together.
+    per_element: bool = True
     fields: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -190,6 +215,7 @@ class Algorithm:
                 f"pass the {self.state.__name__} that init returned"
             )
         columns = [treedef.flatten_up_to(column) for column in state]
+        eager = plain_eager(hyperparams, g_leaves, p_leaves, *columns)
         new_columns = [list(column) for column in columns]
         k = len(self.counters)
         schedules: dict[tuple[int, ...], Any] = {}
@@ -202,17 +228,20 @@ class Algorithm:
             counters = tuple(column[i] for column in columns[:k])
             key = tuple(map(id, counters))  # leaves share counters: compute once
             if key not in schedules:
-                new, coefficients = self.schedule(
-                    *(c.to(torch.float64) for c in counters), **hyperparams
-                )
-                new = tuple(n.to(c.dtype) for n, c in zip(new, counters))
-                schedules[key] = new, coefficients
+                schedules[key] = self._schedule(counters, hyperparams, eager)
             new, coefficients = schedules[key]
             buffers = [column[i] for column in columns[k:]]
-            out, buffers = self.run(Pure, p, g, buffers, coefficients, hyperparams)
-            if g.is_complex():
-                out = torch.view_as_complex(out)
-                buffers = [torch.view_as_complex(b) for b in buffers]
+            if (
+                eager
+                and p is not None
+                and not g.is_sparse
+                and self.per_element
+                and p.numel() > inplace.SMALL
+                and inplace.blockable(p, *buffers)
+            ):
+                out, buffers = inplace.fresh_step(self, coefficients, hyperparams, p, g, buffers)
+            else:
+                out, buffers = self._pure_step(p, g, buffers, coefficients, hyperparams)
             updates.append(out)
             for column, value in zip(new_columns, (*new, *buffers)):
                 column[i] = value
@@ -220,21 +249,40 @@ class Algorithm:
             *(treedef.unflatten(c) for c in new_columns)
         )
 
-    def run(
+    def _schedule(
+        self, counters: tuple[Tensor, ...], hyperparams: Hyperparams, eager: bool
+    ) -> tuple[tuple[Tensor, ...], tuple[Any, ...]]:
+        """New counters (tensors of the old ones' dtype) and the step's coefficients:
+        Python floats in plain eager mode (as torch computes them), else float64 0-d
+        tensors, which stay traceable and batchable."""
+        if eager:
+            new, coefficients = self.schedule(*(c.item() for c in counters), **hyperparams)
+            return tuple(
+                torch.tensor(v, dtype=c.dtype, device=c.device) for v, c in zip(new, counters)
+            ), coefficients
+        new, coefficients = self.schedule(
+            *(c.to(torch.float64) for c in counters), **hyperparams
+        )
+        return tuple(n.to(c.dtype) for n, c in zip(new, counters)), coefficients
+
+    def _pure_step(
         self,
-        o: Any,
         p: Tensor | None,
         g: Tensor,
         buffers: Sequence[Tensor],
         coefficients: tuple[Any, ...],
         hyperparams: Hyperparams,
-    ) -> tuple[Tensor | None, Sequence[Tensor]]:
-        """The elementwise math on one tensor; complex tensors run as pairs of reals."""
-        if g.is_complex():
-            p = None if p is None else as_real(p)
-            g = torch.view_as_real(g)
-            buffers = [torch.view_as_real(b) for b in buffers]
-        return self.elementwise(o, p, g, *buffers, coefficients, **hyperparams)
+    ) -> tuple[Tensor, list[Tensor]]:
+        """One param's step with `Pure` ops; complex tensors run as pairs of reals."""
+        if not g.is_complex():
+            out, new = self.elementwise(Pure, None, p, g, *buffers, coefficients, **hyperparams)
+            return out, list(new)
+        real = torch.view_as_real
+        out, new = self.elementwise(
+            Pure, None, None if p is None else real(p), real(g),
+            *(real(b) for b in buffers), coefficients, **hyperparams,
+        )  # fmt: skip
+        return torch.view_as_complex(out), [torch.view_as_complex(b) for b in new]
 
     # -- torch.optim's per-param state ----------------------------------------
 

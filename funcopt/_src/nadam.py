@@ -53,11 +53,10 @@ def _schedule(step, mu_product, *, lr, betas, momentum_decay, **_):
     return (step, mu_product), (bias_correction2, grad_coef, avg_coef)
 
 
-def _elementwise(o, p, g, exp_avg, exp_avg_sq, coefficients, *, lr, betas, eps,
+def _elementwise(o, out, p, g, exp_avg, exp_avg_sq, coefficients, *, lr, betas, eps,
                  weight_decay, decoupled_weight_decay, maximize, **_):  # fmt: skip
     bias_correction2, grad_coef, avg_coef = coefficients
     beta1, beta2 = betas
-    out = o.start(p)
     if maximize:
         g = o.neg(g)
     if nonzero(weight_decay):

@@ -13,8 +13,9 @@ Rules the math follows:
   param. `InPlace` does overwrite it (the fast path of the torch.optim adapters);
   `Pure` returns a new tensor and mutates nothing (the functional path, safe under
   ``torch.func`` and ``torch.compile``). A name without ``_`` always returns a new tensor.
-- ``out = o.start(p)`` is where the step accumulates: the param itself with
-  `InPlace`, a zero update (``None``) with `Pure`. Only ``add_``, ``addcdiv_`` and
+- ``out`` is where the step accumulates, passed in by the caller: the param itself
+  (the adapters), a fresh zero update (the functional path in plain eager mode), or
+  ``None``, a zero update not yet allocated (`Pure`). Only ``add_``, ``addcdiv_`` and
   ``decay_`` write to ``out``, and the math reads ``p`` before it writes to ``out``.
 - Coefficients (``value=``, ``alpha=``, weights) are Python numbers with `InPlace`.
   With `Pure` they may also be 0-d tensors (tensor hyperparameters, step-dependent
@@ -39,11 +40,7 @@ def nonzero(x: Coef) -> bool:
 
 
 class InPlace:
-    """Overwrites buffers and the param in place; coefficients are Python numbers."""
-
-    @staticmethod
-    def start(p: Tensor) -> Tensor:
-        return p
+    """Overwrites buffers and ``out`` in place; coefficients are Python numbers."""
 
     neg = staticmethod(torch.neg)
     abs = staticmethod(torch.abs)
@@ -64,8 +61,11 @@ class InPlace:
 
     @staticmethod
     def decay_(out: Tensor, p: Tensor, factor: Coef) -> Tensor:
-        """Multiply the param by `factor` (decoupled weight decay)."""
-        return out.mul_(factor)
+        """Multiply the param by `factor` (decoupled weight decay): `out` is the param,
+        or an update to it, which becomes ``(p + out) * factor - p``."""
+        if out is p:
+            return out.mul_(factor)
+        return out.mul_(factor).add_(p, alpha=factor - 1)
 
 
 def _cast(c: Coef, like: Tensor) -> Coef:
@@ -83,10 +83,6 @@ def _scale(x: Tensor, c: Coef) -> Tensor:
 
 class Pure:
     """Returns new tensors and mutates nothing; coefficients may be 0-d tensors."""
-
-    @staticmethod
-    def start(p: Tensor | None) -> None:
-        return None
 
     neg = staticmethod(torch.neg)
     abs = staticmethod(torch.abs)

@@ -1,0 +1,99 @@
+"""Running an algorithm's elementwise math in place, fast, on flat segments.
+
+Used by the torch.optim adapters (which update params and state in place) and by the
+functional update in plain eager mode (which computes its new tensors in place, in
+fresh memory, so that its inputs are only read).
+
+The math runs on flat segments of about `SEGMENT` elements: several small tensors
+concatenated (per-tensor Python overhead dominates small tensors), or a block of a
+large one (the intermediate passes over a block stay in the CPU cache, where a whole
+large tensor would stream from memory at every op). The math is per-element
+(`Algorithm.per_element`), so this changes no result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .ops import InPlace
+
+SEGMENT = 1 << 19
+"""Elements in a flat segment: a block of a large tensor, or a chunk of small ones."""
+SMALL = 1 << 14
+"""Tensors up to this size are concatenated into chunks; larger ones are split into blocks."""
+
+
+def run(algorithm: Any, coefficients: Any, hyperparams: Any, out: Tensor, p: Tensor,
+        g: Tensor, buffers: Sequence[Tensor]) -> None:  # fmt: skip
+    """The math on one set of (real) tensors: `out` and `buffers` are updated in place."""
+    _, new = algorithm.elementwise(InPlace, out, p, g, *buffers, coefficients, **hyperparams)
+    for old, value in zip(buffers, new):
+        if value is not old:
+            old.copy_(value)
+
+
+def blockable(*tensors: Tensor) -> bool:
+    """Whether flat views of these tensors exist (the param, `out` and the buffers)."""
+    return all(t.is_contiguous() for t in tensors)
+
+
+def run_blocks(algorithm: Any, coefficients: Any, hyperparams: Any, out: Tensor, p: Tensor,
+               g: Tensor, buffers: Sequence[Tensor],
+               sources: Sequence[Tensor] | None = None) -> None:  # fmt: skip
+    """`run`, block by block over flat views of contiguous tensors.
+
+    With `sources` the buffers and `out` are fresh memory: each block of a buffer first
+    receives the block of its source, and the block of `out` is zeroed.
+    """
+    flat_p = p.view(-1)
+    flat_out = flat_p if out is p else out.view(-1)
+    flat_g = g.reshape(-1)
+    flat_buffers = [b.view(-1) for b in buffers]
+    flat_sources = None if sources is None else [s.reshape(-1) for s in sources]
+    for i in range(0, flat_p.numel(), SEGMENT):
+        j = i + SEGMENT
+        block_p = flat_p[i:j]
+        block_out = block_p if out is p else flat_out[i:j]
+        block_buffers = [b[i:j] for b in flat_buffers]
+        if flat_sources is not None:
+            for b, s in zip(block_buffers, flat_sources):
+                b.copy_(s[i:j])
+            block_out.zero_()
+        run(algorithm, coefficients, hyperparams, block_out, block_p, flat_g[i:j], block_buffers)
+
+
+def run_chunk(algorithm: Any, coefficients: Any, hyperparams: Any,
+              chunk: Sequence[Sequence[Tensor]]) -> None:  # fmt: skip
+    """Step several small params in place at once.
+
+    `chunk` holds flat views: the params, their gradients, then each buffer. The math
+    runs on their concatenation; the results are copied back into the views.
+    """
+    if len(chunk[0]) == 1:
+        p, g, *buffers = (column[0] for column in chunk)
+        run(algorithm, coefficients, hyperparams, p, p, g, buffers)
+        return
+    p, g, *buffers = [torch.cat(column) for column in chunk]
+    run(algorithm, coefficients, hyperparams, p, p, g, buffers)
+    sizes = [t.numel() for t in chunk[0]]
+    for targets, result in zip((chunk[0], *chunk[2:]), (p, *buffers)):
+        torch._foreach_copy_(targets, result.split(sizes))
+
+
+def fresh_step(algorithm: Any, coefficients: Any, hyperparams: Any, p: Tensor, g: Tensor,
+               buffers: Sequence[Tensor]) -> tuple[Tensor, list[Tensor]]:  # fmt: skip
+    """One param's step as new tensors ``(update, new buffers)``, computed in place, block
+    by block, in fresh memory: `p`, `g` and `buffers` are only read."""
+    update = torch.empty_like(p)
+    new = [torch.empty_like(b) for b in buffers]
+    if p.is_complex():
+        real = torch.view_as_real
+        run_blocks(algorithm, coefficients, hyperparams, real(update), real(p), real(g),
+                   [real(b) for b in new], [real(b) for b in buffers])  # fmt: skip
+    else:
+        run_blocks(algorithm, coefficients, hyperparams, update, p, g, new, buffers)
+    return update, new
