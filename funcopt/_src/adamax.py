@@ -16,7 +16,7 @@ from torch.optim.optimizer import ParamsT
 from .adapter import Optimizer
 from .algorithm import Algorithm, Bound
 from .base import GradientTransformation, Params
-from .ops import nonzero
+from .ops import nonzero, power
 
 
 class AdamaxState(NamedTuple):
@@ -33,7 +33,7 @@ def _initial(**_: Any) -> AdamaxState:
 
 def _schedule(step, *, lr, betas, **_):
     step = step + 1
-    return (step,), (lr / (1 - betas[0] ** step),)
+    return (step,), (lr / (1 - power(betas[0], step)),)
 
 
 def _elementwise(o, out, p, g, exp_avg, exp_inf, coefficients, *, betas, eps, weight_decay,

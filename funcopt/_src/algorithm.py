@@ -218,7 +218,7 @@ class Algorithm:
         eager = plain_eager(hyperparams, g_leaves, p_leaves, *columns)
         new_columns = [list(column) for column in columns]
         k = len(self.counters)
-        schedules: dict[tuple[int, ...], Any] = {}
+        schedules: list[tuple[tuple[Tensor, ...], Any]] = []  # (counters, schedule)
         updates: list[Tensor | None] = []
         for i, (p, g) in enumerate(zip(p_leaves, g_leaves)):
             if g is None:  # skipped, as torch skips a param without .grad
@@ -226,10 +226,15 @@ class Algorithm:
                 continue
             self.check_grad(g)
             counters = tuple(column[i] for column in columns[:k])
-            key = tuple(map(id, counters))  # leaves share counters: compute once
-            if key not in schedules:
-                schedules[key] = self._schedule(counters, hyperparams, eager)
-            new, coefficients = schedules[key]
+            # Leaves share their counter tensors (see init): compute each schedule once.
+            # Identity, not id(): torch.compile would guard on id values and recompile.
+            for seen, schedule in schedules:
+                if all(a is b for a, b in zip(seen, counters)):
+                    break
+            else:
+                schedule = self._schedule(counters, hyperparams, eager)
+                schedules.append((counters, schedule))
+            new, coefficients = schedule
             buffers = [column[i] for column in columns[k:]]
             if (
                 eager

@@ -21,7 +21,7 @@ from torch.optim.optimizer import ParamsT
 from .adapter import Optimizer
 from .algorithm import Algorithm, Bound
 from .base import GradientTransformation, Params
-from .ops import nonzero
+from .ops import nonzero, power
 
 
 class NAdamState(NamedTuple):
@@ -38,7 +38,7 @@ def _initial(**_: Any) -> NAdamState:
 
 
 def _mu(beta1: Any, momentum_decay: Any, step: Any) -> Any:
-    return beta1 * (1.0 - 0.5 * 0.96 ** (step * momentum_decay))
+    return beta1 * (1.0 - 0.5 * power(0.96, step * momentum_decay))
 
 
 def _schedule(step, mu_product, *, lr, betas, momentum_decay, **_):
@@ -47,7 +47,7 @@ def _schedule(step, mu_product, *, lr, betas, momentum_decay, **_):
     mu = _mu(beta1, momentum_decay, step)
     mu_next = _mu(beta1, momentum_decay, step + 1)
     mu_product = mu_product * mu
-    bias_correction2 = 1 - beta2**step
+    bias_correction2 = 1 - power(beta2, step)
     grad_coef = -lr * (1.0 - mu) / (1.0 - mu_product)
     avg_coef = -lr * mu_next / (1.0 - mu_product * mu_next)
     return (step, mu_product), (bias_correction2, grad_coef, avg_coef)

@@ -25,6 +25,7 @@ Rules the math follows:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -37,6 +38,20 @@ def nonzero(x: Coef) -> bool:
     """Whether an optional term (say weight decay) is on. A tensor always counts as on:
     its value is never read in Python, so it stays traceable and batchable."""
     return isinstance(x, Tensor) or x != 0
+
+
+def power(base: Coef, exponent: Coef) -> Coef:
+    """``base ** exponent``, for the per-step schedules.
+
+    Under torch.compile it is written ``exp(exponent * log(base))``, the same value:
+    on CPU, inductor computes a reused scalar that contains ``exp`` once, in its own
+    kernel, where it would inline a double-precision ``pow`` into the loop over every
+    element of every param (a 2x slower step).
+    """
+    if torch.compiler.is_compiling() and isinstance(exponent, Tensor):
+        log = torch.log(base) if isinstance(base, Tensor) else math.log(base)
+        return torch.exp(exponent * log)
+    return base**exponent
 
 
 class InPlace:
