@@ -27,6 +27,7 @@ from ._src.base import (
     chain,
 )
 from ._src.clipping import clip_by_global_norm
+from ._src.meta import inner_loop
 from ._src.nadam import NAdam, NAdamState, nadam
 
 __version__ = "0.1.0"
@@ -52,5 +53,6 @@ __all__ = [
     "apply_updates",
     "chain",
     "clip_by_global_norm",
+    "inner_loop",
     "nadam",
 ]

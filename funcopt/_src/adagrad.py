@@ -38,7 +38,8 @@ def _schedule(step, *, lr, lr_decay, **_):
     return (step,), (lr / (1 + (step - 1) * lr_decay),)
 
 
-def _elementwise(o, out, p, g, sum_, coefficients, *, eps, weight_decay, maximize, **_):
+def _elementwise(o, out, p, g, sum_, coefficients, *, eps, weight_decay, maximize,
+                 eps_root=0.0, **_):  # fmt: skip
     (clr,) = coefficients
     if maximize:
         g = o.neg(g)
@@ -55,7 +56,8 @@ def _elementwise(o, out, p, g, sum_, coefficients, *, eps, weight_decay, maximiz
         out = o.add_(out, step, alpha=-clr)
     else:
         sum_ = o.addcmul_(sum_, g, g, value=1)
-        std = o.add_(o.sqrt(sum_), eps)
+        std = o.sqrt(sum_) if not nonzero(eps_root) else o.sqrt_(o.add(sum_, eps_root))
+        std = o.add_(std, eps)
         out = o.addcdiv_(out, g, std, value=-clr)
     return out, (sum_,)
 
@@ -73,6 +75,7 @@ ADAGRAD = Algorithm(
         Bound("weight_decay", "Invalid weight_decay value: {}"),
         Bound("initial_accumulator_value", "Invalid initial_accumulator_value value: {}"),
         Bound("eps", "Invalid epsilon value: {}"),
+        Bound("eps_root", "Invalid eps_root value: {}"),
     ),
     sparse=True,
     eager_state=True,
@@ -86,6 +89,8 @@ def adagrad(
     initial_accumulator_value: float | Tensor = 0.0,
     eps: float | Tensor = 1e-10,
     maximize: bool = False,
+    *,
+    eps_root: float | Tensor = 0.0,
 ) -> GradientTransformation:
     """Adagrad as a pure transformation, with ``torch.optim.Adagrad``'s arguments.
 
@@ -96,6 +101,10 @@ def adagrad(
         initial_accumulator_value: starting value of the sum of squared gradients.
         eps: added to the denominator (after the square root).
         maximize: maximize the objective instead of minimizing it.
+        eps_root: added inside the square root, ``sqrt(sum + eps_root)`` (funcopt only;
+            0 is torch's rule). With ``initial_accumulator_value=0`` a gradient entry
+            that is exactly zero makes a meta-gradient through the step NaN (the
+            derivative of ``sqrt`` at 0); a tiny ``eps_root`` keeps it finite.
 
     Hyperparameters may be 0-d tensors, to differentiate or ``vmap`` over them.
     Sparse gradients are accepted (without weight decay), as in torch.
@@ -114,6 +123,7 @@ def adagrad(
         initial_accumulator_value=initial_accumulator_value,
         eps=eps,
         maximize=maximize,
+        eps_root=eps_root,
     )
 
 

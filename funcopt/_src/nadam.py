@@ -54,7 +54,7 @@ def _schedule(step, mu_product, *, lr, betas, momentum_decay, **_):
 
 
 def _elementwise(o, out, p, g, exp_avg, exp_avg_sq, coefficients, *, lr, betas, eps,
-                 weight_decay, decoupled_weight_decay, maximize, **_):  # fmt: skip
+                 weight_decay, decoupled_weight_decay, maximize, eps_root=0.0, **_):  # fmt: skip
     bias_correction2, grad_coef, avg_coef = coefficients
     beta1, beta2 = betas
     if maximize:
@@ -66,7 +66,10 @@ def _elementwise(o, out, p, g, exp_avg, exp_avg_sq, coefficients, *, lr, betas, 
             g = o.add(g, p, alpha=weight_decay)
     exp_avg = o.lerp_(exp_avg, g, 1 - beta1)
     exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), g, g, value=1 - beta2)
-    denom = o.add_(o.sqrt_(o.div(exp_avg_sq, bias_correction2)), eps)
+    v_hat = o.div(exp_avg_sq, bias_correction2)
+    if nonzero(eps_root):
+        v_hat = o.add_(v_hat, eps_root)
+    denom = o.add_(o.sqrt_(v_hat), eps)
     out = o.addcdiv_(out, g, denom, value=grad_coef)
     out = o.addcdiv_(out, exp_avg, denom, value=avg_coef)
     return out, (exp_avg, exp_avg_sq)
@@ -86,6 +89,7 @@ NADAM = Algorithm(
         Bound("betas", "Invalid beta parameter at index 1: {}", 1, high=1.0, inclusive=False),
         Bound("weight_decay", "Invalid weight_decay value: {}"),
         Bound("momentum_decay", "Invalid momentum_decay value: {}"),
+        Bound("eps_root", "Invalid eps_root value: {}"),
     ),
 )
 
@@ -98,6 +102,8 @@ def nadam(
     momentum_decay: float | Tensor = 4e-3,
     decoupled_weight_decay: bool = False,
     maximize: bool = False,
+    *,
+    eps_root: float | Tensor = 0.0,
 ) -> GradientTransformation:
     """NAdam as a pure transformation, with ``torch.optim.NAdam``'s arguments and defaults.
 
@@ -110,6 +116,10 @@ def nadam(
         decoupled_weight_decay: decay the params directly (as AdamW) instead of adding
             ``weight_decay * param`` to the gradient.
         maximize: maximize the objective instead of minimizing it.
+        eps_root: added inside the square root, ``sqrt(v / (1 - beta2**t) + eps_root)``
+            (funcopt only; 0 is torch's rule). The derivative of ``sqrt`` at 0 is
+            infinite, so a meta-gradient through a step whose gradient has an exact zero
+            is NaN; a tiny ``eps_root`` (say 1e-16) keeps it finite.
 
     Hyperparameters may be 0-d tensors, to differentiate or ``vmap`` over them.
 
@@ -128,6 +138,7 @@ def nadam(
         momentum_decay=momentum_decay,
         decoupled_weight_decay=decoupled_weight_decay,
         maximize=maximize,
+        eps_root=eps_root,
     )
 
 

@@ -1,0 +1,59 @@
+"""A differentiable inner loop, the core of MAML-style meta-learning and of
+hyperparameter optimization by gradient."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .base import GradientTransformation, Params, State, apply_updates
+
+
+def inner_loop(
+    loss_fn: Callable[..., Tensor],
+    params: Params,
+    transform: GradientTransformation,
+    batches: Iterable[tuple[Any, ...]],
+    state: State | None = None,
+) -> tuple[Params, State, list[Tensor]]:
+    """Take one step of `transform` on ``loss_fn(params, *batch)`` for each batch.
+
+    Every step is pure (``torch.func.grad``, then ``update`` and `apply_updates`), so the
+    returned params are a differentiable function of the initial params and of any
+    tensor hyperparameter of `transform`: differentiate a loss of them with
+    ``torch.func.grad`` or ``.backward()`` to get a second-order meta-gradient, or
+    ``vmap`` the whole loop over tasks or hyperparameters.
+
+    Args:
+        loss_fn: ``loss_fn(params, *batch) -> scalar``. For a module, build it with
+            ``torch.func.functional_call(model, params, (x,))``.
+        params: the pytree of tensors to adapt (for a module: a dict of its parameters).
+        transform: the inner optimizer, e.g. ``fo.nadam(lr=lr)``.
+        batches: one tuple of extra ``loss_fn`` arguments per step, e.g.
+            ``[(x, y)] * steps`` to take `steps` steps on the same batch.
+        state: the transform's state to start from (default: ``transform.init(params)``).
+
+    Returns:
+        ``(params, state, losses)``: the adapted params, the final state, and the loss
+        before each step.
+
+    Example::
+
+        def loss_fn(params, x, y):
+            return F.mse_loss(torch.func.functional_call(model, params, (x,)), y)
+
+        adapted, _, _ = fo.inner_loop(loss_fn, params, fo.adamax(lr=0.1), [(x, y)] * 5)
+    """
+    if state is None:
+        state = transform.init(params)
+    grad_and_loss = torch.func.grad_and_value(loss_fn)
+    losses = []
+    for batch in batches:
+        grads, loss = grad_and_loss(params, *batch)
+        updates, state = transform.update(grads, state, params)
+        params = apply_updates(params, updates)
+        losses.append(loss)
+    return params, state, losses

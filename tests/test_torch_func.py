@@ -1,0 +1,250 @@
+"""Differentiable and batched optimization: torch.func.grad/vjp/jvp/vmap through
+K update steps, torch.compile of the update, and the eps_root remedy. Gradients are
+checked in float64 against central finite differences."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import ALGORITHMS, assert_same, factory
+from torch.func import grad, jvp, vjp, vmap
+
+import funcopt as fo
+
+F64 = torch.float64
+STEPS = 3
+
+
+@pytest.fixture(autouse=True)
+def float64_counters():
+    """Counters (step, mu_product) take the default dtype, as in torch: float64 here, so
+    that finite differences are not polluted by float32 rounding of mu_product."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(F64)
+    yield
+    torch.set_default_dtype(old)
+
+# hyperparameters each algorithm is differentiated and batched over (value, tangent scale)
+HYPER = {
+    "Adadelta": {"lr": 0.5, "rho": 0.8, "eps": 1e-3, "weight_decay": 0.05},
+    "Adagrad": {"lr": 0.1, "lr_decay": 0.1, "weight_decay": 0.05, "initial_accumulator_value": 0.2, "eps": 1e-3},
+    "Adamax": {"lr": 0.05, "beta1": 0.8, "beta2": 0.9, "eps": 1e-3, "weight_decay": 0.05},
+    "NAdam": {"lr": 0.05, "beta1": 0.8, "beta2": 0.9, "eps": 1e-3, "weight_decay": 0.05, "momentum_decay": 0.05},
+}
+
+
+def problem(seed=0, dtype=F64):
+    g = torch.Generator().manual_seed(seed)
+    params = {"w": torch.randn(4, 3, generator=g, dtype=dtype), "b": torch.randn(3, generator=g, dtype=dtype)}
+    x = torch.randn(16, 4, generator=g, dtype=dtype)
+    y = torch.randn(16, 3, generator=g, dtype=dtype)
+    return params, x, y
+
+
+def loss_fn(params, x, y):
+    return (torch.tanh(x @ params["w"] + params["b"]) - y).pow(2).mean()
+
+
+def make(name, hp):
+    hp = dict(hp)
+    if "beta1" in hp:
+        hp["betas"] = (hp.pop("beta1"), hp.pop("beta2"))
+    return factory(name)(**hp)
+
+
+def train(name, hp, params, x, y, steps=STEPS):
+    """Loss after `steps` differentiable steps: a function of params and hyperparameters."""
+    adapted, _, _ = fo.inner_loop(loss_fn, params, make(name, hp), [(x, y)] * steps)
+    return loss_fn(adapted, x, y)
+
+
+def central_difference(f, x, direction, eps=1e-6):
+    return (f(x + eps * direction) - f(x - eps * direction)) / (2 * eps)
+
+
+CASES = [(n, k) for n in ALGORITHMS for k in HYPER[n]]
+
+
+@pytest.mark.parametrize("name,key", CASES, ids=[f"{n}-{k}" for n, k in CASES])
+def test_hypergradient_matches_finite_differences(name, key):
+    params, x, y = problem()
+
+    def f(value):
+        return train(name, {**HYPER[name], key: value}, params, x, y)
+
+    value = torch.tensor(HYPER[name][key], dtype=F64)
+    g = grad(f)(value)
+    fd = central_difference(f, value, torch.ones((), dtype=F64))
+    torch.testing.assert_close(g, fd, rtol=1e-5, atol=1e-8)
+    assert g.abs() > 0
+    # jvp (forward mode) agrees
+    _, tangent = jvp(f, (value,), (torch.ones((), dtype=F64),))
+    torch.testing.assert_close(tangent, g, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_maml_gradient_wrt_initial_params(name):
+    """Second order: the gradient of the post-adaptation loss w.r.t. the initial params,
+    by torch.func.grad, torch.func.vjp and plain autograd, against finite differences."""
+    params, x, y = problem()
+    hp = HYPER[name]
+
+    def f(p):
+        return train(name, hp, p, x, y)
+
+    g = grad(f)(params)
+    direction = {k: torch.randn_like(v) for k, v in params.items()}
+    fd = central_difference(lambda t: f({k: params[k] + t * direction[k] for k in params}), torch.zeros((), dtype=F64), torch.ones((), dtype=F64))
+    torch.testing.assert_close(sum((g[k] * direction[k]).sum() for k in g), fd, rtol=1e-5, atol=1e-8)
+
+    _, pullback = vjp(f, params)
+    assert_same(pullback(torch.ones((), dtype=F64))[0], g, rtol=1e-9, atol=1e-12)
+
+    leaves = {k: v.clone().requires_grad_() for k, v in params.items()}
+    f(leaves).backward()
+    assert_same({k: v.grad for k, v in leaves.items()}, g, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_gradcheck_through_steps(name):
+    """torch.autograd.gradcheck on the final params as a function of initial params and lr."""
+    params, x, y = problem()
+
+    def f(w, b, lr):
+        adapted, _, _ = fo.inner_loop(loss_fn, {"w": w, "b": b}, make(name, {**HYPER[name], "lr": lr}), [(x, y)] * 2)
+        return adapted["w"], adapted["b"]
+
+    lr = torch.tensor(HYPER[name]["lr"], dtype=F64, requires_grad=True)
+    assert torch.autograd.gradcheck(f, (params["w"].requires_grad_(), params["b"].requires_grad_(), lr))
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_vmap_over_hyperparameters_equals_loop(name):
+    """One vmapped run over N settings of several hyperparameters at once = N runs."""
+    params, x, y = problem()
+    keys = [k for k in HYPER[name] if k in ("lr", "weight_decay", "beta1", "rho", "lr_decay")]
+    n = 5
+    values = {
+        k: torch.linspace(0.5, 0.95, n, dtype=F64)  # decay rates stay in [0, 1)
+        if k in ("beta1", "rho")
+        else torch.linspace(0.5, 1.5, n, dtype=F64) * HYPER[name][k]
+        for k in keys
+    }
+
+    def f(batch):
+        return train(name, {**HYPER[name], **batch}, params, x, y)
+
+    batched = vmap(f)(values)
+    loop = torch.stack([f({k: v[i] for k, v in values.items()}) for i in range(n)])
+    torch.testing.assert_close(batched, loop, rtol=1e-10, atol=1e-12)
+    assert len(set(loop.tolist())) == n
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_vmap_over_model_ensemble_equals_loop(name):
+    """vmap over an ensemble of initializations (params and state batched)."""
+    inits = [problem(seed)[0] for seed in range(4)]
+    _, x, y = problem()
+    stacked = {k: torch.stack([p[k] for p in inits]) for k in inits[0]}
+    tx = make(name, HYPER[name])
+
+    def run(p):
+        adapted, state, _ = fo.inner_loop(loss_fn, p, tx, [(x, y)] * STEPS)
+        return adapted, state
+
+    batched, batched_state = vmap(run)(stacked)
+    for i, p in enumerate(inits):
+        adapted, state = run(p)
+        assert_same({k: v[i] for k, v in batched.items()}, adapted, rtol=1e-10, atol=1e-12)
+        for field, batched_field in zip(state, batched_state):
+            assert_same({k: v[i] for k, v in batched_field.items()}, field, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_vmap_then_grad_hypergradients_per_setting(name):
+    """vmap(grad(...)): one hypergradient per learning rate, in one call."""
+    params, x, y = problem()
+    lrs = torch.tensor([0.5, 1.0, 2.0], dtype=F64) * HYPER[name]["lr"]
+
+    def f(lr):
+        return train(name, {**HYPER[name], "lr": lr}, params, x, y)
+
+    torch.testing.assert_close(vmap(grad(f))(lrs), torch.stack([grad(f)(lr) for lr in lrs]), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_compile_fullgraph_without_recompiles(name):
+    """torch.compile(update, fullgraph=True): no graph break, no recompile across steps
+    (counters live in tensors), same result as eager."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    params, x, y = problem(dtype=torch.float32)
+    tx = make(name, HYPER[name])
+
+    def step(grads, state, params):
+        updates, state = tx.update(grads, state, params)
+        return fo.apply_updates(params, updates), state
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    eager_p, eager_s = params, tx.init(params)
+    comp_p, comp_s = params, tx.init(params)
+    for i in range(4):
+        grads = grad(loss_fn)(eager_p, x, y)
+        eager_p, eager_s = step(grads, eager_s, eager_p)
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            comp_p, comp_s = compiled(grads, comp_s, comp_p)
+    assert_same(comp_p, eager_p, rtol=1e-5, atol=1e-6)
+    assert_same(list(comp_s), list(eager_s), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_compile_inductor_matches_eager():
+    """The real compiler (inductor) on NAdam and Adamax, whose schedules use `power`."""
+    import torch._dynamo
+
+    for name in ("NAdam", "Adamax"):
+        torch._dynamo.reset()
+        params, x, y = problem(dtype=torch.float32)
+        tx = make(name, HYPER[name])
+
+        def step(grads, state, params, tx=tx):
+            updates, state = tx.update(grads, state, params)
+            return fo.apply_updates(params, updates), state
+
+        compiled = torch.compile(step, fullgraph=True)
+        eager_p, eager_s = params, tx.init(params)
+        comp_p, comp_s = params, tx.init(params)
+        for _ in range(3):
+            grads = grad(loss_fn)(eager_p, x, y)
+            eager_p, eager_s = step(grads, eager_s, eager_p)
+            comp_p, comp_s = compiled(grads, comp_s, comp_p)
+        assert_same(comp_p, eager_p, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["NAdam", "Adagrad"])
+def test_eps_root_keeps_meta_gradients_finite(name):
+    """A gradient entry that is exactly zero (here: an input feature that is always 0)
+    makes the meta-gradient NaN through sqrt, in torch too; eps_root keeps it finite,
+    and leaves it unchanged where no entry is zero."""
+    params, x, y = problem()
+    x_zero = x.clone()
+    x_zero[:, 0] = 0.0  # w[0] never gets a gradient
+    hp = {k: v for k, v in HYPER[name].items() if k != "initial_accumulator_value"}
+    hp["weight_decay"] = 0.0
+
+    def meta(p, data, eps_root):
+        return train(name, {**hp, "eps_root": eps_root}, p, *data)
+
+    assert torch.isnan(grad(meta)(params, (x_zero, y), 0.0)["w"]).any()
+    with_root = grad(meta)(params, (x_zero, y), 1e-16)
+    assert all(torch.isfinite(v).all() for v in with_root.values())
+    # where no entry is zero, eps_root changes nothing that matters
+    assert_same(grad(meta)(params, (x, y), 1e-16), grad(meta)(params, (x, y), 0.0), rtol=1e-7, atol=1e-10)
+
+
+def test_eps_root_is_validated_and_defaults_to_torch():
+    with pytest.raises(ValueError, match="Invalid eps_root value"):
+        fo.nadam(eps_root=-1.0)
+    params, x, y = problem()
+    assert_same(train("NAdam", {"eps_root": 0.0}, params, x, y), train("NAdam", {}, params, x, y))
