@@ -248,3 +248,17 @@ def test_eps_root_is_validated_and_defaults_to_torch():
         fo.nadam(eps_root=-1.0)
     params, x, y = problem()
     assert_same(train("NAdam", {"eps_root": 0.0}, params, x, y), train("NAdam", {}, params, x, y))
+
+
+def test_hypergradient_through_counters_with_autograd():
+    """beta1 enters NAdam's mu_product counter: with plain autograd (outside torch.func)
+    the gradient must flow through that counter too."""
+    params, x, y = problem()
+    beta1 = torch.tensor(0.8, dtype=F64, requires_grad=True)
+    train("NAdam", {**HYPER["NAdam"], "beta1": beta1}, params, x, y, steps=4).backward()
+
+    def f(b):
+        return train("NAdam", {**HYPER["NAdam"], "beta1": b}, params, x, y, steps=4)
+
+    fd = central_difference(f, beta1.detach(), torch.ones((), dtype=F64))
+    torch.testing.assert_close(beta1.grad, fd, rtol=1e-5, atol=1e-8)

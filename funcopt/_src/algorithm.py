@@ -91,12 +91,17 @@ def as_real(t: Tensor) -> Tensor:
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
+def tracing() -> bool:
+    """Inside torch.compile or a torch.func transform: values must stay tensors."""
+    return torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None
+
+
 def plain_eager(hyperparams: Hyperparams, *leaf_lists: Sequence[Any]) -> bool:
     """Whether nothing traces this update: no torch.compile, no torch.func transform, no
     tensor hyperparameter, no input recording autograd, no tensor subclass. Then the
     update may compute its new tensors in place, in fresh memory (see ``inplace.py``);
     otherwise it uses `Pure` ops only."""
-    if torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None:
+    if tracing():
         return False
     if any(isinstance(v, Tensor) for v in optree.tree_leaves(hyperparams)):
         return False
@@ -217,7 +222,8 @@ class Algorithm:
                 f"pass the {self.state.__name__} that init returned"
             )
         columns = [treedef.flatten_up_to(column) for column in state]
-        eager = plain_eager(hyperparams, g_leaves, p_leaves, *columns)
+        traced = tracing()
+        eager = not traced and plain_eager(hyperparams, g_leaves, p_leaves, *columns)
         new_columns = [list(column) for column in columns]
         k = len(self.counters)
         schedules: list[tuple[tuple[Tensor, ...], Any]] = []  # (counters, schedule)
@@ -234,7 +240,7 @@ class Algorithm:
                 if all(a is b for a, b in zip(seen, counters)):
                     break
             else:
-                schedule = self._schedule(counters, hyperparams, eager)
+                schedule = self._schedule(counters, hyperparams, traced)
                 schedules.append((counters, schedule))
             new, coefficients = schedule
             buffers = [column[i] for column in columns[k:]]
@@ -257,15 +263,18 @@ class Algorithm:
         )
 
     def _schedule(
-        self, counters: tuple[Tensor, ...], hyperparams: Hyperparams, eager: bool
+        self, counters: tuple[Tensor, ...], hyperparams: Hyperparams, traced: bool
     ) -> tuple[tuple[Tensor, ...], tuple[Any, ...]]:
-        """New counters (tensors of the old ones' dtype) and the step's coefficients:
-        Python floats in plain eager mode (as torch computes them), else float64 0-d
-        tensors, which stay traceable and batchable."""
-        if eager:
+        """New counters (tensors of the old ones' dtype) and the step's coefficients,
+        computed from the counters' values in Python doubles, as torch does; under
+        torch.compile or a torch.func transform from float64 0-d tensors instead, which
+        stay traceable and batchable."""
+        if not traced and not any(c.requires_grad for c in counters):
             new, coefficients = self.schedule(*(c.item() for c in counters), **hyperparams)
             return tuple(
-                torch.tensor(v, dtype=c.dtype, device=c.device) for v, c in zip(new, counters)
+                # a value computed from a tensor hyperparameter stays in its graph
+                v.to(c.dtype) if isinstance(v, Tensor) else torch.tensor(v, dtype=c.dtype, device=c.device)
+                for v, c in zip(new, counters)
             ), coefficients
         new, coefficients = self.schedule(
             *(c.to(torch.float64) for c in counters), **hyperparams
