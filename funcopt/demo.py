@@ -1,0 +1,222 @@
+"""``python -m funcopt.demo``: short versions of funcopt's three uses, and a figure.
+
+1. Drop-in: a small MLP trained with ``funcopt.NAdam`` beside ``torch.optim.NAdam``
+   (same init, same data, an lr scheduler): the losses and params agree.
+2. A learning-rate sweep: 16 training runs in one ``torch.func.vmap`` call, against a
+   Python loop over the same 16 runs.
+3. MAML on sinusoid regression: a second-order, differentiable inner loop of
+   ``fo.inner_loop``; adaptation to a new task before and after meta-training.
+
+Writes ``funcopt_demo.png`` (or ``--out PATH``). Needs matplotlib (``pip install
+"funcopt[demo]"``); without it, only the numbers are printed. About a minute on 2 CPU
+cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, vmap
+
+import funcopt as fo
+
+
+def _progress(iterable, **kwargs):
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return iterable
+    return tqdm(iterable, **kwargs)
+
+
+def _mlp(inputs: int, hidden: int, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(inputs, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 1)
+    )
+
+
+def drop_in(steps: int = 200) -> dict:
+    """Train the same MLP with torch.optim.NAdam and funcopt.NAdam (StepLR schedule)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(512, 4, generator=g)
+    y = torch.sin(2 * x[:, :1]) + 0.5 * x[:, 1:2] ** 2
+    losses = {}
+    models = {}
+    for label, cls in (("torch.optim.NAdam", torch.optim.NAdam), ("funcopt.NAdam", fo.NAdam)):
+        model = models[label] = _mlp(4, 64, seed=1)
+        opt = cls(model.parameters(), lr=1e-2)
+        scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=steps // 4, gamma=0.5)
+        curve = []
+        for _ in _progress(range(steps), desc=label, leave=False):
+            opt.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            scheduler.step()
+            curve.append(loss.item())
+        losses[label] = curve
+    a, b = (list(m.parameters()) for m in models.values())
+    max_diff = max((p - q).abs().max().item() for p, q in zip(a, b))
+    return {"losses": losses, "max_param_diff": max_diff}
+
+
+def lr_sweep(n_lrs: int = 16, steps: int = 100) -> dict:
+    """Final loss after `steps` NAdam steps for each lr, all runs in one vmap."""
+    model = _mlp(8, 32, seed=0)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 8, generator=g)
+    y = torch.sin(x.sum(1, keepdim=True))
+
+    def loss_fn(p, x, y):
+        return F.mse_loss(functional_call(model, p, (x,)), y)
+
+    def final_loss(lr):
+        adapted, _, _ = fo.inner_loop(loss_fn, params, fo.nadam(lr=lr), [(x, y)] * steps)
+        return loss_fn(adapted, x, y)
+
+    lrs = torch.logspace(-4, -0.5, n_lrs)
+    t0 = time.perf_counter()
+    batched = vmap(final_loss)(lrs)
+    t_vmap = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    looped = torch.stack([final_loss(lr) for lr in _progress(lrs, desc="python loop", leave=False)])
+    t_loop = time.perf_counter() - t0
+    return {"lrs": lrs, "final_loss": batched, "loop_final_loss": looped, "t_vmap": t_vmap, "t_loop": t_loop}
+
+
+def _sinusoid_tasks(n: int, points: int, generator: torch.Generator):
+    amplitude = torch.rand(n, 1, 1, generator=generator) * 4.9 + 0.1
+    phase = torch.rand(n, 1, 1, generator=generator) * math.pi
+    x = torch.rand(n, points, 1, generator=generator) * 10 - 5
+    return x, amplitude * torch.sin(x + phase), amplitude, phase
+
+
+def maml(meta_iterations: int = 1500, tasks_per_batch: int = 4, inner_steps: int = 1) -> dict:
+    """MAML (second order) on sinusoids: meta-learn an init that adapts in a few steps."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(1, 40), torch.nn.ReLU(), torch.nn.Linear(40, 40), torch.nn.ReLU(), torch.nn.Linear(40, 1)
+    )
+    meta_params = {k: v.detach().clone().requires_grad_() for k, v in model.named_parameters()}
+    meta_opt = fo.Adamax(meta_params.values(), lr=3e-3)
+    # eps_root: ReLU gives exact-zero gradient entries, where sqrt's derivative would
+    # make the meta-gradient NaN (see fo.nadam)
+    inner = fo.nadam(lr=0.02, eps_root=1e-16)
+    g = torch.Generator().manual_seed(0)
+
+    def loss_fn(p, x, y):
+        return F.mse_loss(functional_call(model, p, (x,)), y)
+
+    def adapt(params, x, y, steps):
+        adapted, _, _ = fo.inner_loop(loss_fn, params, inner, [(x, y)] * steps)
+        return adapted
+
+    # a held-out task, to show adaptation before and after meta-training
+    tx, ty, amp, phase = _sinusoid_tasks(1, 10, g)
+    grid = torch.linspace(-5, 5, 200).unsqueeze(1)
+    truth = amp[0] * torch.sin(grid + phase[0])
+
+    def predictions():
+        params = {k: v.detach() for k, v in meta_params.items()}
+        with torch.no_grad():
+            before = functional_call(model, params, (grid,))
+        after = functional_call(model, adapt(params, tx[0], ty[0], 5), (grid,)).detach()
+        return before, after
+
+    def held_out_error(tasks=20):
+        """Mean squared error on 20 new tasks after 5 steps on 10 points of each."""
+        x, y, _, _ = _sinusoid_tasks(tasks, 110, torch.Generator().manual_seed(123))
+        params = {k: v.detach() for k, v in meta_params.items()}
+        errors = [loss_fn(adapt(params, x[t, :10], y[t, :10], 5), x[t, 10:], y[t, 10:]) for t in range(tasks)]
+        return torch.stack(errors).mean().item()
+
+    before_meta, error_before = predictions(), held_out_error()
+    meta_losses = []
+    for _ in _progress(range(meta_iterations), desc="MAML"):
+        x, y, _, _ = _sinusoid_tasks(tasks_per_batch, 20, g)
+        loss = 0.0
+        for t in range(tasks_per_batch):  # adapt on 10 points, evaluate on the other 10
+            adapted = adapt(meta_params, x[t, :10], y[t, :10], inner_steps)
+            loss = loss + loss_fn(adapted, x[t, 10:], y[t, 10:]) / tasks_per_batch
+        meta_opt.zero_grad()
+        loss.backward()
+        meta_opt.step()
+        meta_losses.append(loss.item())
+    return {
+        "grid": grid, "truth": truth, "support": (tx[0], ty[0]), "meta_losses": meta_losses,
+        "before_meta": before_meta, "after_meta": predictions(),
+        "error_before": error_before, "error_after": held_out_error(),
+    }  # fmt: skip
+
+
+def plot(drop: dict, sweep: dict, meta: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.2))
+    ax = axes[0]
+    for (label, curve), style in zip(drop["losses"].items(), ("-", "--")):
+        ax.plot(curve, style, label=label, linewidth=2)
+    ax.set(yscale="log", xlabel="step", ylabel="training loss", title="drop-in: funcopt.NAdam vs torch")
+    ax.legend()
+    ax = axes[1]
+    ax.plot(sweep["lrs"], sweep["final_loss"], "o-", label="one vmapped run")
+    ax.plot(sweep["lrs"], sweep["loop_final_loss"], "x", label="Python loop")
+    ax.set(xscale="log", yscale="log", xlabel="learning rate", ylabel="final loss",
+           title=f"lr sweep: vmap {sweep['t_vmap']:.1f}s vs loop {sweep['t_loop']:.1f}s")  # fmt: skip
+    ax.legend()
+    for ax, (title, (before, after)) in zip(
+        axes[2:], (("before meta-training", meta["before_meta"]), ("after meta-training", meta["after_meta"]))
+    ):
+        ax.plot(meta["grid"], meta["truth"], "k", label="task")
+        ax.plot(meta["grid"], before, ":", label="init")
+        ax.plot(meta["grid"], after, label="after 5 NAdam steps")
+        ax.plot(*meta["support"], "o", label="10 points seen")
+        ax.set(title=f"MAML, {title}", xlabel="x", ylim=(-6, 6))
+        ax.legend(loc="lower left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="funcopt demo")
+    parser.add_argument("--out", default="funcopt_demo.png", help="where to write the figure")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a few seconds)")
+    args = parser.parse_args(argv)
+    scale = 0.2 if args.quick else 1.0
+
+    drop = drop_in(steps=int(200 * scale))
+    losses = drop["losses"]
+    print("1. drop-in replacement, final training loss:")
+    for label, curve in losses.items():
+        print(f"   {label:18} {curve[-1]:.6f}")
+    print(f"   largest parameter difference: {drop['max_param_diff']:.1e}")
+
+    sweep = lr_sweep(n_lrs=16, steps=int(100 * scale))
+    best = sweep["lrs"][sweep["final_loss"].argmin()]
+    agree = (sweep["final_loss"] - sweep["loop_final_loss"]).abs().max()
+    print(f"2. lr sweep: 16 runs in one vmap {sweep['t_vmap']:.2f}s, Python loop {sweep['t_loop']:.2f}s "
+          f"({sweep['t_loop'] / sweep['t_vmap']:.1f}x); best lr {best:.2g}; max |vmap - loop| {agree:.1e}")  # fmt: skip
+
+    meta = maml(meta_iterations=int(1500 * scale))
+    print(f"3. MAML: mean error on 20 new tasks after 5 adaptation steps: {meta['error_before']:.2f} "
+          f"from the initial params, {meta['error_after']:.2f} from the meta-learned ones")  # fmt: skip
+
+    try:
+        plot(drop, sweep, meta, args.out)
+    except ImportError:
+        print("(install matplotlib to get the figure: pip install 'funcopt[demo]')")
+    else:
+        print(f"figure written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
