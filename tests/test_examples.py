@@ -1,0 +1,55 @@
+"""The tutorials run: each notebook executes (its last cell asserts the result), the
+notebooks are in sync with their source scripts in examples/, and the demo writes its
+figure. The notebooks are generated from the scripts with
+``jupytext --to notebook --set-kernel python3 examples/NAME.py -o notebooks/NAME.ipynb``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def test_there_are_three_tutorials():
+    assert {p.stem for p in NOTEBOOKS} == {"drop_in_replacement", "lr_sweep_vmap", "maml_sinusoid"}
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_matches_its_script(notebook):
+    jupytext = pytest.importorskip("jupytext")
+    nbformat = pytest.importorskip("nbformat")
+    script = jupytext.read(ROOT / "examples" / f"{notebook.stem}.py")
+    saved = nbformat.read(notebook, as_version=4)
+    cells = lambda nb: [(c.cell_type, c.source.strip()) for c in nb.cells]  # noqa: E731
+    assert cells(saved) == cells(script), f"regenerate {notebook.name} from examples/{notebook.stem}.py"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs(notebook, tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nb = nbformat.read(notebook, as_version=4)
+    client = nbclient.NotebookClient(
+        nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
+    client.execute()
+    assert (tmp_path / f"{notebook.stem}.png").exists()
+
+
+@pytest.mark.slow
+def test_demo_writes_its_figure(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "demo.png"
+    result = subprocess.run(
+        [sys.executable, "-m", "funcopt.demo", "--quick", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert out.stat().st_size > 10_000
+    assert "largest parameter difference" in result.stdout and "MAML" in result.stdout
