@@ -111,7 +111,9 @@ def main() -> None:
     for name in args.algorithms.split(","):
         t = measure(contenders(name, shapes), args.rounds)
         best = min(t["torch"], t["torch foreach"])
-        tt = measure({k: v for k, v in contenders(name, tiny).items() if k != "funcopt functional"}, args.rounds * 4)
+        tt = measure(
+            {k: v for k, v in contenders(name, tiny).items() if k != "funcopt functional"}, args.rounds * 4
+        )
         tiny_best = min(tt["torch"], tt["torch foreach"])
         print(
             f"{name:10} {t['torch'] * 1e3:7.1f}ms {t['torch foreach'] * 1e3:7.1f}ms "

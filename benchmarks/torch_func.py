@@ -95,7 +95,13 @@ def sweep_benchmark(rounds: int) -> None:
 
 def maml_benchmark(rounds: int) -> None:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(1, 40), torch.nn.ReLU(), torch.nn.Linear(40, 40), torch.nn.ReLU(), torch.nn.Linear(40, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(1, 40),
+        torch.nn.ReLU(),
+        torch.nn.Linear(40, 40),
+        torch.nn.ReLU(),
+        torch.nn.Linear(40, 1),
+    )
     meta_params = {k: v.detach().clone().requires_grad_() for k, v in model.named_parameters()}
     tasks, inner_steps, lr = 8, 5, 0.01
     amp = torch.rand(tasks, 1, 1) * 4.9 + 0.1
@@ -109,7 +115,9 @@ def maml_benchmark(rounds: int) -> None:
     def funcopt_iteration():
         total = 0.0
         for t in range(tasks):
-            adapted, _, _ = fo.inner_loop(loss_fn, meta_params, fo.adamax(lr=lr), [(xs[t], ys[t])] * inner_steps)
+            adapted, _, _ = fo.inner_loop(
+                loss_fn, meta_params, fo.adamax(lr=lr), [(xs[t], ys[t])] * inner_steps
+            )
             total = total + loss_fn(adapted, xs[t], ys[t])
         total.backward()
         for p in meta_params.values():
@@ -149,7 +157,9 @@ def maml_benchmark(rounds: int) -> None:
 
 def compile_benchmark(rounds: int, algorithms: list[str]) -> None:
     shapes = benchmark_shapes()
-    print(f"3. compiled pure step on {len(shapes)} tensors, {sum(torch.Size(s).numel() for s in shapes) / 1e6:.1f}M elements:")
+    print(
+        f"3. compiled pure step on {len(shapes)} tensors, {sum(torch.Size(s).numel() for s in shapes) / 1e6:.1f}M elements:"
+    )
     for name in algorithms:
         params, grads = make_params(shapes)
         tx = getattr(fo, name.lower())()
@@ -164,7 +174,7 @@ def compile_benchmark(rounds: int, algorithms: list[str]) -> None:
         box["params"], box["state"] = compiled(grads, box["state"], box["params"])
         compile_s = time.perf_counter() - t0
 
-        def compiled_step():
+        def compiled_step(box=box, compiled=compiled, grads=grads):
             box["params"], box["state"] = compiled(grads, box["state"], box["params"])
 
         fns = {"compiled": compiled_step}

@@ -64,7 +64,9 @@ torch_losses = train(*torch_run, EPOCHS, "torch.optim.NAdam")
 funcopt_run = make_training(fo.NAdam)
 funcopt_losses = train(*funcopt_run, EPOCHS, "funcopt.NAdam")
 
-max_diff = max((a - b).abs().max().item() for a, b in zip(torch_run[0].parameters(), funcopt_run[0].parameters()))
+max_diff = max(
+    (a - b).abs().max().item() for a, b in zip(torch_run[0].parameters(), funcopt_run[0].parameters())
+)
 print(f"final loss: torch {torch_losses[-1]:.6f}, funcopt {funcopt_losses[-1]:.6f}")
 print(f"largest difference between the trained weights: {max_diff:.1e}")
 

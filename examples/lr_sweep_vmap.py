@@ -37,6 +37,7 @@ def loss_fn(params, x, y):
 # `fo.inner_loop` takes one step per batch; `lr` is a 0-d tensor, so nothing in the run
 # reads it as a Python number and `vmap` can batch over it.
 
+
 # %%
 def final_loss(lr):
     trained, _, losses = fo.inner_loop(loss_fn, params, fo.nadam(lr=lr), [(x, y)] * STEPS)

@@ -72,7 +72,10 @@ META_ITERATIONS, TASKS = 1500, 4
 meta_losses = []
 for _ in tqdm(range(META_ITERATIONS), desc="meta-training"):
     x, y = sample_tasks(TASKS, 20)
-    loss = sum(loss_fn(adapt(meta_params, x[t, :10], y[t, :10], 1), x[t, 10:], y[t, 10:]) for t in range(TASKS)) / TASKS
+    loss = (
+        sum(loss_fn(adapt(meta_params, x[t, :10], y[t, :10], 1), x[t, 10:], y[t, 10:]) for t in range(TASKS))
+        / TASKS
+    )
     meta_optimizer.zero_grad()
     loss.backward()
     meta_optimizer.step()
@@ -88,12 +91,20 @@ x, y = sample_tasks(50, 110)
 
 
 def error_after_adaptation(params, steps=5):
-    return sum(loss_fn(adapt(params, x[t, :10], y[t, :10], steps), x[t, 10:], y[t, 10:]).item() for t in range(50)) / 50
+    return (
+        sum(
+            loss_fn(adapt(params, x[t, :10], y[t, :10], steps), x[t, 10:], y[t, 10:]).item()
+            for t in range(50)
+        )
+        / 50
+    )
 
 
 learned = {name: p.detach() for name, p in meta_params.items()}
 before, after = error_after_adaptation(initial_params), error_after_adaptation(learned)
-print(f"mean squared error on new tasks after 5 steps: {before:.2f} from random init, {after:.2f} from MAML init")
+print(
+    f"mean squared error on new tasks after 5 steps: {before:.2f} from random init, {after:.2f} from MAML init"
+)
 
 # %%
 grid = torch.linspace(-5, 5, 200).unsqueeze(1)
@@ -107,7 +118,11 @@ for ax, (title, params) in zip(axes[1:], [("random init", initial_params), ("MAM
     ax.plot(x[0, 10:].sort(0).values, y[0, 10:][x[0, 10:].argsort(0).squeeze()], "k", alpha=0.3, label="task")
     with torch.no_grad():
         ax.plot(grid, functional_call(model, params, (grid,)), ":", label="before adaptation")
-    ax.plot(grid, functional_call(model, adapt(params, x[0, :10], y[0, :10], 5), (grid,)).detach(), label="after 5 steps")
+    ax.plot(
+        grid,
+        functional_call(model, adapt(params, x[0, :10], y[0, :10], 5), (grid,)).detach(),
+        label="after 5 steps",
+    )
     ax.set(title=f"adapting from the {title}", xlabel="x", ylim=(-6, 6))
     ax.legend(loc="lower left", fontsize=8)
 fig.tight_layout()

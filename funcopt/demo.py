@@ -27,7 +27,7 @@ import funcopt as fo
 
 def _progress(iterable, **kwargs):
     try:
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # type: ignore[import-untyped]
     except ImportError:
         return iterable
     return tqdm(iterable, **kwargs)
@@ -35,9 +35,7 @@ def _progress(iterable, **kwargs):
 
 def _mlp(inputs: int, hidden: int, seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return torch.nn.Sequential(
-        torch.nn.Linear(inputs, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 1)
-    )
+    return torch.nn.Sequential(torch.nn.Linear(inputs, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 1))
 
 
 def drop_in(steps: int = 200) -> dict:
@@ -90,7 +88,9 @@ def lr_sweep(n_lrs: int = 16, steps: int = 100) -> dict:
     return {"lrs": lrs, "final_loss": batched, "loop_final_loss": looped, "t_vmap": t_vmap, "t_loop": t_loop}
 
 
-def _sinusoid_tasks(n: int, points: int, generator: torch.Generator):
+def _sinusoid_tasks(
+    n: int, points: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     amplitude = torch.rand(n, 1, 1, generator=generator) * 4.9 + 0.1
     phase = torch.rand(n, 1, 1, generator=generator) * math.pi
     x = torch.rand(n, points, 1, generator=generator) * 10 - 5
@@ -101,7 +101,11 @@ def maml(meta_iterations: int = 1500, tasks_per_batch: int = 4, inner_steps: int
     """MAML (second order) on sinusoids: meta-learn an init that adapts in a few steps."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(1, 40), torch.nn.ReLU(), torch.nn.Linear(40, 40), torch.nn.ReLU(), torch.nn.Linear(40, 1)
+        torch.nn.Linear(1, 40),
+        torch.nn.ReLU(),
+        torch.nn.Linear(40, 40),
+        torch.nn.ReLU(),
+        torch.nn.Linear(40, 1),
     )
     meta_params = {k: v.detach().clone().requires_grad_() for k, v in model.named_parameters()}
     meta_opt = fo.Adamax(meta_params.values(), lr=3e-3)
@@ -122,14 +126,14 @@ def maml(meta_iterations: int = 1500, tasks_per_batch: int = 4, inner_steps: int
     grid = torch.linspace(-5, 5, 200).unsqueeze(1)
     truth = amp[0] * torch.sin(grid + phase[0])
 
-    def predictions():
+    def predictions() -> tuple[torch.Tensor, torch.Tensor]:
         params = {k: v.detach() for k, v in meta_params.items()}
         with torch.no_grad():
             before = functional_call(model, params, (grid,))
         after = functional_call(model, adapt(params, tx[0], ty[0], 5), (grid,)).detach()
         return before, after
 
-    def held_out_error(tasks=20):
+    def held_out_error(tasks: int = 20) -> float:
         """Mean squared error on 20 new tasks after 5 steps on 10 points of each."""
         x, y, _, _ = _sinusoid_tasks(tasks, 110, torch.Generator().manual_seed(123))
         params = {k: v.detach() for k, v in meta_params.items()}
@@ -140,7 +144,7 @@ def maml(meta_iterations: int = 1500, tasks_per_batch: int = 4, inner_steps: int
     meta_losses = []
     for _ in _progress(range(meta_iterations), desc="MAML"):
         x, y, _, _ = _sinusoid_tasks(tasks_per_batch, 20, g)
-        loss = 0.0
+        loss = torch.zeros(())
         for t in range(tasks_per_batch):  # adapt on 10 points, evaluate on the other 10
             adapted = adapt(meta_params, x[t, :10], y[t, :10], inner_steps)
             loss = loss + loss_fn(adapted, x[t, 10:], y[t, 10:]) / tasks_per_batch

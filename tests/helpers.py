@@ -13,7 +13,14 @@ from torch.testing._internal.common_optimizers import (
 
 import funcopt as fo
 
-ALGORITHMS = ["Adadelta", "Adagrad", "Adamax", "NAdam"]
+# every torch.optim-compatible class funcopt exports (its torch twin has the same name)
+ALGORITHMS = sorted(
+    name
+    for name in fo.__all__
+    if isinstance(getattr(fo, name), type)
+    and issubclass(getattr(fo, name), fo.Optimizer)
+    and getattr(fo, name) is not fo.Optimizer
+)
 IMPLEMENTATION_FLAGS = ("foreach", "fused", "capturable", "differentiable")
 INFOS = {info.optim_cls.__name__: info for info in optim_db if info.optim_cls.__name__ in ALGORITHMS}
 
@@ -60,7 +67,9 @@ def assert_same(actual: Any, expected: Any, path: str = "", **tol: Any) -> None:
         for k in expected:
             assert_same(actual[k], expected[k], f"{path}.{k}", **tol)
     elif isinstance(expected, (list, tuple)):
-        assert type(actual) is type(expected) and len(actual) == len(expected), f"{path}: {actual!r} != {expected!r}"
+        assert type(actual) is type(expected) and len(actual) == len(expected), (
+            f"{path}: {actual!r} != {expected!r}"
+        )
         for i, (a, e) in enumerate(zip(actual, expected)):
             assert_same(a, e, f"{path}[{i}]", **tol)
     else:

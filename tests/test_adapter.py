@@ -19,9 +19,7 @@ import funcopt as fo
 
 def model(dtype=torch.float32, seed=0):
     torch.manual_seed(seed)
-    return torch.nn.Sequential(
-        torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)
-    ).to(dtype)
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)).to(dtype)
 
 
 def data(dtype=torch.float32):
@@ -45,6 +43,7 @@ def train(opt, m, steps=5, closure=False):
     x, y = data(next(m.parameters()).dtype)
     losses = []
     for _ in range(steps):
+
         def closure_fn():
             opt.zero_grad()
             loss = loss_fn(m, x, y)
@@ -385,9 +384,7 @@ def _diff_fn(p, grad, state, cls, kwargs, *ignored):
     opt = cls([p], **kwargs)
     opt.state[p].update(state)
     opt.step()
-    return (p,) + tuple(
-        v for v in opt.state[p].values() if isinstance(v, torch.Tensor) and v.requires_grad
-    )
+    return (p,) + tuple(v for v in opt.state[p].values() if isinstance(v, torch.Tensor) and v.requires_grad)
 
 
 DIFF_STATES = {
@@ -480,7 +477,10 @@ def test_adagrad_initial_accumulator_comes_from_defaults():
 
     def scenario(cls):
         a, b = torch.nn.Parameter(torch.randn(3)), torch.nn.Parameter(torch.randn(3))
-        opt = cls([{"params": [a]}, {"params": [b], "initial_accumulator_value": 5.0}], initial_accumulator_value=0.5)
+        opt = cls(
+            [{"params": [a]}, {"params": [b], "initial_accumulator_value": 5.0}],
+            initial_accumulator_value=0.5,
+        )
         c = torch.nn.Parameter(torch.randn(3))
         opt.add_param_group({"params": [c], "initial_accumulator_value": 7.0})
         for p in (a, b, c):

@@ -50,7 +50,11 @@ def _numeric_args(name):
 def _bad_values(default):
     values = [-0.5, 1.0, 1.5, math.nan, math.inf]
     if isinstance(default, tuple):
-        return [tuple(v if j == i else d for j, d in enumerate(default)) for i in range(len(default)) for v in values]
+        return [
+            tuple(v if j == i else d for j, d in enumerate(default))
+            for i in range(len(default))
+            for v in values
+        ]
     return values
 
 

@@ -25,9 +25,7 @@ NUMERIC = {
 def params_and_grads(dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
     params = {"w": torch.randn(4, 3, generator=g, dtype=dtype), "b": torch.randn(3, generator=g, dtype=dtype)}
-    grads = [
-        {k: torch.randn(v.shape, generator=g, dtype=dtype) for k, v in params.items()} for _ in range(5)
-    ]
+    grads = [{k: torch.randn(v.shape, generator=g, dtype=dtype) for k, v in params.items()} for _ in range(5)]
     return params, grads
 
 
@@ -106,12 +104,17 @@ def test_any_pytree_and_state_mirrors_params(name):
     """dicts, lists, nested tuples and NamedTuples; each state field mirrors the params,
     so the buffer of a param is found by the param's own path."""
     torch.manual_seed(0)
-    params = {"layers": [Layer(torch.randn(3, 2), None), Layer(torch.randn(2, 2), torch.randn(2))], "scale": (torch.randn(()),)}
+    params = {
+        "layers": [Layer(torch.randn(3, 2), None), Layer(torch.randn(2, 2), torch.randn(2))],
+        "scale": (torch.randn(()),),
+    }
     grads = optree.tree_map(lambda p: None if p is None else torch.randn_like(p), params, none_is_leaf=True)
     tx = factory(name)(weight_decay=0.1)
     state = tx.init(params)
     for field in state:
-        assert optree.tree_structure(field, none_is_leaf=True) == optree.tree_structure(params, none_is_leaf=True)
+        assert optree.tree_structure(field, none_is_leaf=True) == optree.tree_structure(
+            params, none_is_leaf=True
+        )
     updates, state = tx.update(grads, state, params)
     new = fo.apply_updates(params, updates)
     assert new["layers"][0].bias is None and isinstance(new["layers"][1], Layer)
@@ -147,8 +150,12 @@ def test_bfloat16(name):
 
 def test_apply_updates():
     params = {"a": torch.ones(2, dtype=torch.float16), "b": torch.ones(2), "c": torch.ones(1)}
-    new = fo.apply_updates(params, {"a": torch.full((2,), 0.5, dtype=torch.float32), "b": None, "c": torch.ones(1)})
-    assert new["a"].dtype == torch.float16 and torch.equal(new["a"], torch.full((2,), 1.5, dtype=torch.float16))
+    new = fo.apply_updates(
+        params, {"a": torch.full((2,), 0.5, dtype=torch.float32), "b": None, "c": torch.ones(1)}
+    )
+    assert new["a"].dtype == torch.float16 and torch.equal(
+        new["a"], torch.full((2,), 1.5, dtype=torch.float16)
+    )
     assert new["b"] is params["b"]
     assert torch.equal(params["c"], torch.ones(1))  # not mutated
 
@@ -256,7 +263,9 @@ def test_optimizer_with_a_fixed_transformation():
 def test_optimizer_skips_params_without_grad():
     torch.manual_seed(0)
     used, unused = torch.nn.Parameter(torch.randn(3)), torch.nn.Parameter(torch.randn(3))
-    opt = fo.Optimizer([used, unused], lambda lr: fo.chain(fo.clip_by_global_norm(1.0), fo.nadam(lr=lr)), lr=0.1)
+    opt = fo.Optimizer(
+        [used, unused], lambda lr: fo.chain(fo.clip_by_global_norm(1.0), fo.nadam(lr=lr)), lr=0.1
+    )
     used.grad = torch.ones(3)
     before = unused.detach().clone()
     opt.step()

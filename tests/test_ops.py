@@ -38,7 +38,11 @@ def test_inplace_and_pure_agree(name, n, coefs, shape):
     inplace_args = [a.clone() for a in args]
     expected = getattr(InPlace, name)(*inplace_args, *extra, **kwargs)
     if name.endswith("_"):
-        assert expected is inplace_args[0] or name in ("maximum_",) and expected.data_ptr() == inplace_args[0].data_ptr()
+        assert (
+            expected is inplace_args[0]
+            or name in ("maximum_",)
+            and expected.data_ptr() == inplace_args[0].data_ptr()
+        )
     snapshot = [a.clone() for a in args]
     as_tensor = lambda c: torch.tensor(c, dtype=torch.float64)  # noqa: E731
     for convert in (lambda c: c, as_tensor):

@@ -13,10 +13,36 @@ import funcopt as fo
 unit = st.floats(0.0, 0.99)
 positive = st.floats(1e-4, 0.5)
 HYPERPARAMETERS = {
-    "Adadelta": st.fixed_dictionaries({"lr": positive, "rho": unit, "eps": st.floats(1e-8, 1e-3), "weight_decay": st.floats(0.0, 0.3)}),
-    "Adagrad": st.fixed_dictionaries({"lr": positive, "lr_decay": st.floats(0.0, 0.5), "weight_decay": st.floats(0.0, 0.3), "initial_accumulator_value": st.floats(0.0, 1.0), "eps": st.floats(1e-10, 1e-3)}),
-    "Adamax": st.fixed_dictionaries({"lr": positive, "betas": st.tuples(unit, unit), "eps": st.floats(1e-8, 1e-3), "weight_decay": st.floats(0.0, 0.3)}),
-    "NAdam": st.fixed_dictionaries({"lr": positive, "betas": st.tuples(unit, unit), "eps": st.floats(1e-8, 1e-3), "weight_decay": st.floats(0.0, 0.3), "momentum_decay": st.floats(0.0, 0.05), "decoupled_weight_decay": st.booleans()}),
+    "Adadelta": st.fixed_dictionaries(
+        {"lr": positive, "rho": unit, "eps": st.floats(1e-8, 1e-3), "weight_decay": st.floats(0.0, 0.3)}
+    ),
+    "Adagrad": st.fixed_dictionaries(
+        {
+            "lr": positive,
+            "lr_decay": st.floats(0.0, 0.5),
+            "weight_decay": st.floats(0.0, 0.3),
+            "initial_accumulator_value": st.floats(0.0, 1.0),
+            "eps": st.floats(1e-10, 1e-3),
+        }
+    ),
+    "Adamax": st.fixed_dictionaries(
+        {
+            "lr": positive,
+            "betas": st.tuples(unit, unit),
+            "eps": st.floats(1e-8, 1e-3),
+            "weight_decay": st.floats(0.0, 0.3),
+        }
+    ),
+    "NAdam": st.fixed_dictionaries(
+        {
+            "lr": positive,
+            "betas": st.tuples(unit, unit),
+            "eps": st.floats(1e-8, 1e-3),
+            "weight_decay": st.floats(0.0, 0.3),
+            "momentum_decay": st.floats(0.0, 0.05),
+            "decoupled_weight_decay": st.booleans(),
+        }
+    ),
 }
 
 

@@ -24,12 +24,26 @@ def float64_counters():
     yield
     torch.set_default_dtype(old)
 
+
 # hyperparameters each algorithm is differentiated and batched over (value, tangent scale)
 HYPER = {
     "Adadelta": {"lr": 0.5, "rho": 0.8, "eps": 1e-3, "weight_decay": 0.05},
-    "Adagrad": {"lr": 0.1, "lr_decay": 0.1, "weight_decay": 0.05, "initial_accumulator_value": 0.2, "eps": 1e-3},
+    "Adagrad": {
+        "lr": 0.1,
+        "lr_decay": 0.1,
+        "weight_decay": 0.05,
+        "initial_accumulator_value": 0.2,
+        "eps": 1e-3,
+    },
     "Adamax": {"lr": 0.05, "beta1": 0.8, "beta2": 0.9, "eps": 1e-3, "weight_decay": 0.05},
-    "NAdam": {"lr": 0.05, "beta1": 0.8, "beta2": 0.9, "eps": 1e-3, "weight_decay": 0.05, "momentum_decay": 0.05},
+    "NAdam": {
+        "lr": 0.05,
+        "beta1": 0.8,
+        "beta2": 0.9,
+        "eps": 1e-3,
+        "weight_decay": 0.05,
+        "momentum_decay": 0.05,
+    },
 }
 
 
@@ -94,7 +108,11 @@ def test_maml_gradient_wrt_initial_params(name):
 
     g = grad(f)(params)
     direction = {k: torch.randn_like(v) for k, v in params.items()}
-    fd = central_difference(lambda t: f({k: params[k] + t * direction[k] for k in params}), torch.zeros((), dtype=F64), torch.ones((), dtype=F64))
+    fd = central_difference(
+        lambda t: f({k: params[k] + t * direction[k] for k in params}),
+        torch.zeros((), dtype=F64),
+        torch.ones((), dtype=F64),
+    )
     torch.testing.assert_close(sum((g[k] * direction[k]).sum() for k in g), fd, rtol=1e-5, atol=1e-8)
 
     _, pullback = vjp(f, params)
@@ -111,7 +129,9 @@ def test_gradcheck_through_steps(name):
     params, x, y = problem()
 
     def f(w, b, lr):
-        adapted, _, _ = fo.inner_loop(loss_fn, {"w": w, "b": b}, make(name, {**HYPER[name], "lr": lr}), [(x, y)] * 2)
+        adapted, _, _ = fo.inner_loop(
+            loss_fn, {"w": w, "b": b}, make(name, {**HYPER[name], "lr": lr}), [(x, y)] * 2
+        )
         return adapted["w"], adapted["b"]
 
     lr = torch.tensor(HYPER[name]["lr"], dtype=F64, requires_grad=True)
@@ -169,7 +189,9 @@ def test_vmap_then_grad_hypergradients_per_setting(name):
     def f(lr):
         return train(name, {**HYPER[name], "lr": lr}, params, x, y)
 
-    torch.testing.assert_close(vmap(grad(f))(lrs), torch.stack([grad(f)(lr) for lr in lrs]), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(
+        vmap(grad(f))(lrs), torch.stack([grad(f)(lr) for lr in lrs]), rtol=1e-10, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)

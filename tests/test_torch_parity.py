@@ -53,9 +53,7 @@ def path(request, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize(
-    "name,desc,kwargs", CASES, ids=[f"{n}-{d}" for n, d, _ in CASES]
-)
+@pytest.mark.parametrize("name,desc,kwargs", CASES, ids=[f"{n}-{d}" for n, d, _ in CASES])
 def test_matches_torch(name, desc, kwargs, dtype, path):
     differentiable = kwargs.get("differentiable", False)
     if dtype.is_complex and differentiable:
@@ -91,9 +89,7 @@ def test_matches_torch(name, desc, kwargs, dtype, path):
         assert_same(our_params, ref_params, f"params after step {step}")
         assert_same(ours.state_dict(), ref.state_dict(), f"state_dict after step {step}")
 
-        updates, f_state = tx.update(
-            {str(i): g for i, g in enumerate(grads)}, f_state, f_params
-        )
+        updates, f_state = tx.update({str(i): g for i, g in enumerate(grads)}, f_state, f_params)
         f_params = fo.apply_updates(f_params, updates)
         assert_same(list(f_params.values()), ref_params, f"functional params after step {step}")
         for i, p in enumerate(ref_params):

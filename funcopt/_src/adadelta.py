@@ -17,7 +17,7 @@ from torch.optim.optimizer import ParamsT
 from .adapter import Optimizer
 from .algorithm import Algorithm, Bound
 from .base import GradientTransformation, Params
-from .ops import nonzero
+from .ops import Coef, Ops, nonzero
 
 
 class AdadeltaState(NamedTuple):
@@ -32,12 +32,26 @@ def _initial(**_: Any) -> AdadeltaState:
     return AdadeltaState(step=0.0, square_avg=0.0, acc_delta=0.0)
 
 
-def _schedule(step, **_):
+def _schedule(step: Coef, **_: Any) -> tuple[tuple[Coef], tuple[()]]:
     return (step + 1,), ()
 
 
-def _elementwise(o, out, p, g, square_avg, acc_delta, coefficients, *, lr, rho, eps,
-                 weight_decay, maximize, **_):  # fmt: skip
+def _elementwise(
+    o: Ops,
+    out: Tensor | None,
+    p: Tensor,
+    g: Tensor,
+    square_avg: Tensor,
+    acc_delta: Tensor,
+    coefficients: tuple[()],
+    *,
+    lr: Coef,
+    rho: Coef,
+    eps: Coef,
+    weight_decay: Coef,
+    maximize: bool,
+    **_: Any,
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     if maximize:
         g = o.neg(g)
     if nonzero(weight_decay):
@@ -84,16 +98,16 @@ def adadelta(
 
     Hyperparameters may be 0-d tensors, to differentiate or ``vmap`` over them.
 
-    Example::
-
-        tx = fo.adadelta(lr=1.0)
-        state = tx.init(params)
-        updates, state = tx.update(grads, state, params)
-        params = fo.apply_updates(params, updates)
+    Example:
+        >>> import torch, funcopt as fo
+        >>> params = {"w": torch.tensor([1.0, -2.0])}
+        >>> tx = fo.adadelta(lr=1.0)
+        >>> state = tx.init(params)
+        >>> updates, state = tx.update({"w": torch.tensor([0.5, -0.5])}, state, params)
+        >>> updates["w"]
+        tensor([-0.0032,  0.0032])
     """
-    return ADADELTA.transform(
-        lr=lr, rho=rho, eps=eps, weight_decay=weight_decay, maximize=maximize
-    )
+    return ADADELTA.transform(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay, maximize=maximize)
 
 
 class Adadelta(Optimizer):

@@ -19,7 +19,7 @@ from torch.optim.optimizer import ParamsT
 from .adapter import Optimizer
 from .algorithm import Algorithm, Bound
 from .base import GradientTransformation, Params
-from .ops import nonzero
+from .ops import Coef, Ops, nonzero
 
 
 class AdagradState(NamedTuple):
@@ -33,13 +33,25 @@ def _initial(*, initial_accumulator_value: Any, **_: Any) -> AdagradState:
     return AdagradState(step=0.0, sum=initial_accumulator_value)
 
 
-def _schedule(step, *, lr, lr_decay, **_):
+def _schedule(step: Coef, *, lr: Coef, lr_decay: Coef, **_: Any) -> tuple[tuple[Coef], tuple[Coef]]:
     step = step + 1
     return (step,), (lr / (1 + (step - 1) * lr_decay),)
 
 
-def _elementwise(o, out, p, g, sum_, coefficients, *, eps, weight_decay, maximize,
-                 eps_root=0.0, **_):  # fmt: skip
+def _elementwise(
+    o: Ops,
+    out: Tensor | None,
+    p: Tensor,
+    g: Tensor,
+    sum_: Tensor,
+    coefficients: tuple[Coef],
+    *,
+    eps: Coef,
+    weight_decay: Coef,
+    maximize: bool,
+    eps_root: Coef = 0.0,
+    **_: Any,
+) -> tuple[Tensor, tuple[Tensor]]:
     (clr,) = coefficients
     if maximize:
         g = o.neg(g)
@@ -109,12 +121,14 @@ def adagrad(
     Hyperparameters may be 0-d tensors, to differentiate or ``vmap`` over them.
     Sparse gradients are accepted (without weight decay), as in torch.
 
-    Example::
-
-        tx = fo.adagrad(lr=0.1)
-        state = tx.init(params)
-        updates, state = tx.update(grads, state, params)
-        params = fo.apply_updates(params, updates)
+    Example:
+        >>> import torch, funcopt as fo
+        >>> params = {"w": torch.tensor([1.0, -2.0])}
+        >>> tx = fo.adagrad(lr=0.1)
+        >>> state = tx.init(params)
+        >>> updates, state = tx.update({"w": torch.tensor([0.5, -0.5])}, state, params)
+        >>> fo.apply_updates(params, updates)["w"], state.sum["w"]
+        (tensor([ 0.9000, -1.9000]), tensor([0.2500, 0.2500]))
     """
     return ADAGRAD.transform(
         lr=lr,

@@ -16,7 +16,7 @@ from torch.optim.optimizer import ParamsT
 from .adapter import Optimizer
 from .algorithm import Algorithm, Bound
 from .base import GradientTransformation, Params
-from .ops import nonzero, power
+from .ops import Coef, Ops, nonzero, power
 
 
 class AdamaxState(NamedTuple):
@@ -31,13 +31,26 @@ def _initial(**_: Any) -> AdamaxState:
     return AdamaxState(step=0.0, exp_avg=0.0, exp_inf=0.0)
 
 
-def _schedule(step, *, lr, betas, **_):
+def _schedule(step: Coef, *, lr: Coef, betas: tuple[Coef, Coef], **_: Any) -> tuple[tuple[Coef], tuple[Coef]]:
     step = step + 1
     return (step,), (lr / (1 - power(betas[0], step)),)
 
 
-def _elementwise(o, out, p, g, exp_avg, exp_inf, coefficients, *, betas, eps, weight_decay,
-                 maximize, **_):  # fmt: skip
+def _elementwise(
+    o: Ops,
+    out: Tensor | None,
+    p: Tensor,
+    g: Tensor,
+    exp_avg: Tensor,
+    exp_inf: Tensor,
+    coefficients: tuple[Coef],
+    *,
+    betas: tuple[Coef, Coef],
+    eps: Coef,
+    weight_decay: Coef,
+    maximize: bool,
+    **_: Any,
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     (clr,) = coefficients
     beta1, beta2 = betas
     if maximize:
@@ -85,16 +98,16 @@ def adamax(
 
     Hyperparameters may be 0-d tensors, to differentiate or ``vmap`` over them.
 
-    Example::
-
-        tx = fo.adamax(lr=2e-3)
-        state = tx.init(params)
-        updates, state = tx.update(grads, state, params)
-        params = fo.apply_updates(params, updates)
+    Example:
+        >>> import torch, funcopt as fo
+        >>> params = {"w": torch.tensor([1.0, -2.0])}
+        >>> tx = fo.adamax(lr=0.1)
+        >>> state = tx.init(params)
+        >>> updates, state = tx.update({"w": torch.tensor([0.5, -0.5])}, state, params)
+        >>> fo.apply_updates(params, updates)["w"]
+        tensor([ 0.9000, -1.9000])
     """
-    return ADAMAX.transform(
-        lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, maximize=maximize
-    )
+    return ADAMAX.transform(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, maximize=maximize)
 
 
 class Adamax(Optimizer):

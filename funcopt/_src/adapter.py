@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import optree
 import torch
@@ -30,7 +30,6 @@ from torch.optim.optimizer import ParamsT
 from . import inplace
 from .algorithm import Algorithm, Hyperparams, as_real, scalar_dtype
 from .base import GradientTransformation
-from .ops import InPlace
 
 IMPLEMENTATION_FLAGS = ("foreach", "fused", "capturable", "differentiable")
 """torch.optim's switches that choose an implementation, not the math."""
@@ -59,10 +58,17 @@ class Optimizer(torch.optim.Optimizer):
             groups may override them and lr schedulers can drive ``lr``. A factory is
             called again at each step with each group's current values.
 
-    Example::
-
-        tx = lambda lr: fo.chain(fo.clip_by_global_norm(1.0), fo.nadam(lr=lr))
-        opt = fo.Optimizer(model.parameters(), tx, lr=1e-3)
+    Example:
+        >>> import torch, funcopt as fo
+        >>> model = torch.nn.Linear(2, 1)
+        >>> def clipped_nadam(lr):
+        ...     return fo.chain(fo.clip_by_global_norm(1.0), fo.nadam(lr=lr))
+        >>> opt = fo.Optimizer(model.parameters(), clipped_nadam, lr=1e-3)
+        >>> scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=10)
+        >>> model(torch.ones(1, 2)).sum().backward()
+        >>> opt.step()
+        >>> sorted(opt.state[model.weight])
+        ['1.exp_avg', '1.exp_avg_sq', '1.mu_product', '1.step']
 
     A param's state is created from the optimizer's defaults, as torch.optim does.
     """
@@ -133,7 +139,7 @@ class Optimizer(torch.optim.Optimizer):
 
     # -- stepping ---------------------------------------------------------------
 
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Perform a single optimization step.
 
         Args:
@@ -175,7 +181,7 @@ class Optimizer(torch.optim.Optimizer):
         return {name: leaf["0"] if per_param else leaf for name, per_param, leaf in _slots(state)}
 
     def _step_group(self, group: dict[str, Any], params: list[Tensor]) -> None:
-        grads = [p.grad for p in params]
+        grads = [cast(Tensor, p.grad) for p in params]  # the params with a gradient
         states = [self.state[p] for p in params]
         for p, state in zip(params, states):
             if not state:
@@ -186,15 +192,16 @@ class Optimizer(torch.optim.Optimizer):
         if group.get("capturable") and not torch.compiler.is_compiling():
             _check_capturable(params)
         hyperparams = self._hyperparams(group)
+        algorithm = self._transform if isinstance(self._transform, Algorithm) else None
         fast = (
-            isinstance(self._transform, Algorithm)
+            algorithm is not None
             and not group.get("capturable")
             and not self.defaults.get("differentiable")
             and not torch.compiler.is_compiling()
         )
-        if fast:
+        if algorithm is not None and fast:
             hyperparams = {k: _to_python(v) for k, v in hyperparams.items()}
-            _step_in_place(self._transform, hyperparams, params, grads, states)
+            _step_in_place(algorithm, hyperparams, params, grads, states)
         else:
             self._step_functional(self._make_transform(hyperparams), params, grads, states)
 
@@ -221,9 +228,7 @@ class Optimizer(torch.optim.Optimizer):
                 "optimizer's transformation (was it loaded from another optimizer?)"
             ) from None
         state = treedef.unflatten(leaves)
-        updates, new_state = transform.update(
-            dict(zip(keys, grads)), state, dict(zip(keys, params))
-        )
+        updates, new_state = transform.update(dict(zip(keys, grads)), state, dict(zip(keys, params)))
         new_leaves, _ = _flatten_slots(new_state)
         for (name, per_param), leaf in zip(slots, new_leaves):
             for key, s in zip(keys, states):
@@ -244,18 +249,20 @@ def _step_in_place(
     floats and the schedule runs in double precision (once per distinct counter
     values); the elementwise math runs on flat segments (see ``inplace.py``)."""
     k = len(algorithm.counters)
-    schedules: dict[tuple[float, ...], Any] = {}  # counter values -> schedule, counters
+    schedules: dict[tuple[float, ...], Any] = {}  # counter values -> (new values, coefficients)
+    counters: dict[tuple[float, ...], list[list[Tensor]]] = {}  # counter values -> their tensors
     chunks: dict[Any, list[list[Tensor]]] = {}  # (values, dtype, device) -> flat views
+    chunk: list[list[Tensor]] | None
     sizes: dict[Any, int] = {}  # elements in each chunk
     for p, g, state in zip(params, grads, states):
         algorithm.check_grad(g)
         tensors = [state[name] for name in algorithm.fields]
         values = tuple(c.item() for c in tensors[:k])
-        entry = schedules.get(values)
-        if entry is None:
-            entry = schedules[values] = (*algorithm.schedule(*values, **hyperparams), [])
-        entry[2].append(tensors[:k])
-        coefficients = entry[1]
+        if values not in schedules:
+            schedules[values] = algorithm.schedule(*values, **hyperparams)
+            counters[values] = []
+        counters[values].append(tensors[:k])
+        coefficients = schedules[values][1]
         buffers = tensors[k:]
         if p.is_complex():
             p, g, buffers = as_real(p), as_real(g), [as_real(b) for b in buffers]
@@ -277,9 +284,9 @@ def _step_in_place(
                 sizes[key] = size
     for (values, _, _), chunk in chunks.items():
         inplace.run_chunk(algorithm, schedules[values][1], hyperparams, chunk)
-    for new_values, _, counters in schedules.values():
+    for values, (new_values, _) in schedules.items():
         for j, value in enumerate(new_values):
-            column = [c[j] for c in counters]
+            column = [c[j] for c in counters[values]]
             torch._foreach_copy_(column, [torch.tensor(value, dtype=torch.float64)] * len(column))
 
 
@@ -297,8 +304,7 @@ def _check_capturable(params: list[Tensor]) -> None:
     devices = ["cuda", "xpu", "hpu", torch._C._get_privateuse1_backend_name(), "xla"]
     if any(p.device.type not in devices for p in params):
         raise AssertionError(
-            "If capturable=True, params and state_steps must be on supported devices: "
-            f"{devices}."
+            f"If capturable=True, params and state_steps must be on supported devices: {devices}."
         )
 
 
@@ -319,9 +325,7 @@ def _flatten_slots(state: Any) -> tuple[list[Any], optree.PyTreeSpec]:
 def _slots(state: Any) -> list[tuple[str, bool, Any]]:
     """(name, per_param, leaf) for each slot: names join the path's field names,
     indices and keys with '.', so a lone algorithm's slots are torch's state keys."""
-    accessors, leaves, _ = optree.tree_flatten_with_accessor(
-        state, is_leaf=_is_per_param, none_is_leaf=True
-    )
+    accessors, leaves, _ = optree.tree_flatten_with_accessor(state, is_leaf=_is_per_param, none_is_leaf=True)
     out = []
     for accessor, leaf in zip(accessors, leaves):
         parts = []

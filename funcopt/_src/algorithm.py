@@ -26,7 +26,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import optree
 import torch
 from torch import Tensor
 
@@ -103,8 +102,9 @@ def plain_eager(hyperparams: Hyperparams, *leaf_lists: Sequence[Any]) -> bool:
     otherwise it uses `Pure` ops only."""
     if tracing():
         return False
-    if any(isinstance(v, Tensor) for v in optree.tree_leaves(hyperparams)):
-        return False
+    for value in hyperparams.values():
+        if any(isinstance(v, Tensor) for v in (value if isinstance(value, tuple) else (value,))):
+            return False
     grad = torch.is_grad_enabled()
     return all(
         t is None or (type(t) in _PLAIN and not (grad and t.requires_grad))
@@ -137,7 +137,7 @@ class Algorithm:
     counters: tuple[str, ...]
     initial: Callable[..., Sequence[Any]]
     schedule: Callable[..., tuple[tuple[Any, ...], tuple[Any, ...]]]
-    elementwise: Callable[..., tuple[Tensor | None, Sequence[Tensor]]]
+    elementwise: Callable[..., tuple[Tensor, Sequence[Tensor]]]
     bounds: tuple[Bound, ...]
     sparse: bool = False  # accepts sparse gradients
     eager_state: bool = False  # torch creates the state at construction (Adagrad)
@@ -169,9 +169,7 @@ class Algorithm:
     def __call__(self, **hyperparams: Any) -> GradientTransformation:
         """The pure transformation for these hyperparameters (not range-checked)."""
         hp = normalize(hyperparams)
-        return GradientTransformation(
-            functools.partial(self.init, hp), functools.partial(self.update, hp)
-        )
+        return GradientTransformation(functools.partial(self.init, hp), functools.partial(self.update, hp))
 
     def transform(self, **hyperparams: Any) -> GradientTransformation:
         """Range-check Python-number hyperparameters, then build the transformation."""
@@ -191,8 +189,7 @@ class Algorithm:
                 continue
             if p.device not in shared:
                 shared[p.device] = [
-                    torch.as_tensor(v, dtype=scalar_dtype(), device=p.device)
-                    for v in initial[:k]
+                    torch.as_tensor(v, dtype=scalar_dtype(), device=p.device) for v in initial[:k]
                 ]
             values = shared[p.device] + [full_like(p, v) for v in initial[k:]]
             for column, v in zip(columns, values):
@@ -210,10 +207,9 @@ class Algorithm:
         if params is None:
             if nonzero(hyperparams.get("weight_decay", 0)):
                 raise ValueError(
-                    f"{self.name} with weight_decay needs the params: "
-                    "call update(grads, state, params)"
+                    f"{self.name} with weight_decay needs the params: call update(grads, state, params)"
                 )
-            p_leaves = [None] * len(g_leaves)
+            p_leaves: list[Any] = [None] * len(g_leaves)
         else:
             p_leaves = treedef.flatten_up_to(params)
         if not isinstance(state, self.state):
@@ -221,12 +217,12 @@ class Algorithm:
                 f"{self.name} update got a state of type {type(state).__name__}; "
                 f"pass the {self.state.__name__} that init returned"
             )
-        columns = [treedef.flatten_up_to(column) for column in state]
+        columns: list[list[Any]] = [treedef.flatten_up_to(column) for column in state]
         traced = tracing()
         eager = not traced and plain_eager(hyperparams, g_leaves, p_leaves, *columns)
         new_columns = [list(column) for column in columns]
         k = len(self.counters)
-        schedules: list[tuple[tuple[Tensor, ...], Any]] = []  # (counters, schedule)
+        schedules: list[tuple[tuple[Any, ...], Any]] = []  # (counters, schedule)
         updates: list[Tensor | None] = []
         for i, (p, g) in enumerate(zip(p_leaves, g_leaves)):
             if g is None:  # skipped, as torch skips a param without .grad
@@ -236,10 +232,8 @@ class Algorithm:
             counters = tuple(column[i] for column in columns[:k])
             # Leaves share their counter tensors (see init): compute each schedule once.
             # Identity, not id(): torch.compile would guard on id values and recompile.
-            for seen, schedule in schedules:
-                if all(a is b for a, b in zip(seen, counters)):
-                    break
-            else:
+            schedule = next((s for seen, s in schedules if all(a is b for a, b in zip(seen, counters))), None)
+            if schedule is None:
                 schedule = self._schedule(counters, hyperparams, traced)
                 schedules.append((counters, schedule))
             new, coefficients = schedule
@@ -258,9 +252,7 @@ class Algorithm:
             updates.append(out)
             for column, value in zip(new_columns, (*new, *buffers)):
                 column[i] = value
-        return treedef.unflatten(updates), self.state(
-            *(treedef.unflatten(c) for c in new_columns)
-        )
+        return treedef.unflatten(updates), self.state(*(treedef.unflatten(c) for c in new_columns))
 
     def _schedule(
         self, counters: tuple[Tensor, ...], hyperparams: Hyperparams, traced: bool
@@ -276,9 +268,7 @@ class Algorithm:
                 v.to(c.dtype) if isinstance(v, Tensor) else torch.tensor(v, dtype=c.dtype, device=c.device)
                 for v, c in zip(new, counters)
             ), coefficients
-        new, coefficients = self.schedule(
-            *(c.to(torch.float64) for c in counters), **hyperparams
-        )
+        new, coefficients = self.schedule(*(c.to(torch.float64) for c in counters), **hyperparams)
         return tuple(n.to(c.dtype) for n, c in zip(new, counters)), coefficients
 
     def _pure_step(

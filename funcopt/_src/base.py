@@ -53,6 +53,11 @@ def apply_updates(params: Params, updates: Updates) -> Params:
     """Return ``params + updates`` leaf by leaf, as new tensors (nothing is mutated).
 
     A ``None`` update leaves its param as it is; each result keeps its param's dtype.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> fo.apply_updates({"w": torch.ones(2), "b": torch.ones(1)}, {"w": torch.tensor([0.5, -0.5]), "b": None})
+        {'w': tensor([1.5000, 0.5000]), 'b': tensor([1.])}
     """
 
     def add(p: Tensor | None, u: Tensor | None) -> Tensor | None:
@@ -64,12 +69,22 @@ def apply_updates(params: Params, updates: Updates) -> Params:
 
 
 def chain(*transforms: GradientTransformation) -> GradientTransformation:
-    """Apply transformations one after another; the state is the tuple of their states."""
+    """Apply transformations one after another; the state is the tuple of their states.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> tx = fo.chain(fo.clip_by_global_norm(1.0), fo.adamax(lr=0.1))
+        >>> params = [torch.zeros(2)]
+        >>> state = tx.init(params)
+        >>> updates, state = tx.update([torch.tensor([30.0, 40.0])], state, params)
+        >>> updates[0]
+        tensor([-0.1000, -0.1000])
+    """
 
     def init(params: Params) -> State:
         return tuple(t.init(params) for t in transforms)
 
-    def update(updates: Updates, state: State, params: Params | None = None):
+    def update(updates: Updates, state: State, params: Params | None = None) -> tuple[Updates, State]:
         if len(state) != len(transforms):
             raise ValueError(
                 f"chain of {len(transforms)} transformations got a state of length "

@@ -15,6 +15,12 @@ def clip_by_global_norm(max_norm: float | Tensor) -> GradientTransformation:
     ``min(1, max_norm / (total_norm + 1e-6))``. ``None`` leaves are ignored.
     The coefficient stays a tensor, so this works under ``vmap``, ``grad`` and
     ``torch.compile``.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> clipped, _ = fo.clip_by_global_norm(1.0).update([torch.tensor([3.0, 4.0])], fo.EmptyState())
+        >>> clipped[0]
+        tensor([0.6000, 0.8000])
     """
     if not isinstance(max_norm, Tensor) and not max_norm >= 0:
         raise ValueError(f"max_norm must be non-negative, got {max_norm}")
@@ -22,7 +28,7 @@ def clip_by_global_norm(max_norm: float | Tensor) -> GradientTransformation:
     def init(params: Params) -> State:
         return EmptyState()
 
-    def update(updates: Updates, state: State, params: Params | None = None):
+    def update(updates: Updates, state: State, params: Params | None = None) -> tuple[Updates, State]:
         leaves, treedef = tree_flatten(updates)
         present = [u for u in leaves if u is not None]
         if not present:

@@ -67,7 +67,7 @@ def run_blocks(algorithm: Any, coefficients: Any, hyperparams: Any, out: Tensor,
 
 
 def run_chunk(algorithm: Any, coefficients: Any, hyperparams: Any,
-              chunk: Sequence[Sequence[Tensor]]) -> None:  # fmt: skip
+              chunk: list[list[Tensor]]) -> None:  # fmt: skip
     """Step several small params in place at once.
 
     `chunk` holds flat views: the params, their gradients, then each buffer. The math

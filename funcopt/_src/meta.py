@@ -40,12 +40,17 @@ def inner_loop(
         ``(params, state, losses)``: the adapted params, the final state, and the loss
         before each step.
 
-    Example::
-
-        def loss_fn(params, x, y):
-            return F.mse_loss(torch.func.functional_call(model, params, (x,)), y)
-
-        adapted, _, _ = fo.inner_loop(loss_fn, params, fo.adamax(lr=0.1), [(x, y)] * 5)
+    Example:
+        >>> import torch, funcopt as fo
+        >>> model = torch.nn.Linear(2, 1)
+        >>> params = {k: v.detach() for k, v in model.named_parameters()}
+        >>> def loss_fn(params, x, y):
+        ...     out = torch.func.functional_call(model, params, (x,))
+        ...     return torch.nn.functional.mse_loss(out, y)
+        >>> x, y = torch.ones(4, 2), torch.zeros(4, 1)
+        >>> adapted, state, losses = fo.inner_loop(loss_fn, params, fo.adamax(lr=0.1), [(x, y)] * 5)
+        >>> bool(losses[-1] < losses[0]), int(state.step["weight"])
+        (True, 5)
     """
     if state is None:
         state = transform.init(params)

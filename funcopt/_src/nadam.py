@@ -21,7 +21,7 @@ from torch.optim.optimizer import ParamsT
 from .adapter import Optimizer
 from .algorithm import Algorithm, Bound
 from .base import GradientTransformation, Params
-from .ops import nonzero, power
+from .ops import Coef, Ops, nonzero, power
 
 
 class NAdamState(NamedTuple):
@@ -41,7 +41,9 @@ def _mu(beta1: Any, momentum_decay: Any, step: Any) -> Any:
     return beta1 * (1.0 - 0.5 * power(0.96, step * momentum_decay))
 
 
-def _schedule(step, mu_product, *, lr, betas, momentum_decay, **_):
+def _schedule(
+    step: Coef, mu_product: Coef, *, lr: Coef, betas: tuple[Coef, Coef], momentum_decay: Coef, **_: Any
+) -> tuple[tuple[Coef, Coef], tuple[Coef, Coef, Coef]]:
     beta1, beta2 = betas
     step = step + 1
     mu = _mu(beta1, momentum_decay, step)
@@ -53,8 +55,24 @@ def _schedule(step, mu_product, *, lr, betas, momentum_decay, **_):
     return (step, mu_product), (bias_correction2, grad_coef, avg_coef)
 
 
-def _elementwise(o, out, p, g, exp_avg, exp_avg_sq, coefficients, *, lr, betas, eps,
-                 weight_decay, decoupled_weight_decay, maximize, eps_root=0.0, **_):  # fmt: skip
+def _elementwise(
+    o: Ops,
+    out: Tensor | None,
+    p: Tensor,
+    g: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    coefficients: tuple[Coef, Coef, Coef],
+    *,
+    lr: Coef,
+    betas: tuple[Coef, Coef],
+    eps: Coef,
+    weight_decay: Coef,
+    decoupled_weight_decay: bool,
+    maximize: bool,
+    eps_root: Coef = 0.0,
+    **_: Any,
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     bias_correction2, grad_coef, avg_coef = coefficients
     beta1, beta2 = betas
     if maximize:
@@ -123,12 +141,14 @@ def nadam(
 
     Hyperparameters may be 0-d tensors, to differentiate or ``vmap`` over them.
 
-    Example::
-
-        tx = fo.nadam(lr=1e-3)
-        state = tx.init(params)
-        updates, state = tx.update(grads, state, params)
-        params = fo.apply_updates(params, updates)
+    Example:
+        >>> import torch, funcopt as fo
+        >>> params = {"w": torch.tensor([1.0, -2.0])}
+        >>> tx = fo.nadam(lr=0.1)
+        >>> state = tx.init(params)
+        >>> updates, state = tx.update({"w": torch.tensor([0.5, -0.5])}, state, params)
+        >>> fo.apply_updates(params, updates)["w"]
+        tensor([ 0.8944, -1.8944])
     """
     return NADAM.transform(
         lr=lr,

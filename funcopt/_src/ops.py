@@ -31,7 +31,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-Coef = Any  # a Python number or a 0-d tensor
+Coef = Any
+"""A coefficient: a Python number, or a 0-d tensor (with `Pure`)."""
+Ops = Any
+"""The namespace an algorithm's elementwise math runs against: `InPlace` or `Pure`."""
 
 
 def nonzero(x: Coef) -> bool:

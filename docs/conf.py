@@ -1,0 +1,54 @@
+"""Sphinx configuration. Build with ``sphinx-build -W -b html docs docs/_build/html``.
+
+Pages are MyST Markdown; pages with ``{code-cell}`` blocks and the tutorial notebooks
+are executed by myst-nb at build time, so a stale example fails the build.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import funcopt
+
+DOCS = Path(__file__).resolve().parent
+ROOT = DOCS.parent
+
+project = "funcopt"
+author = "the funcopt developers"
+copyright = "2026, the funcopt developers"
+release = version = funcopt.__version__
+
+extensions = [
+    "myst_nb",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.mathjax",
+    "sphinx.ext.viewcode",
+]
+myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence"]
+exclude_patterns = ["_build", "jupyter_execute", "**.ipynb_checkpoints"]
+
+html_theme = "furo"
+html_title = f"funcopt {version}"
+
+autodoc_member_order = "bysource"
+autodoc_typehints = "description"
+autodoc_typehints_format = "short"
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+
+# Execute every notebook and code-cell page; any error fails the build.
+nb_execution_mode = "force"
+nb_execution_timeout = 300
+nb_execution_raise_on_error = True
+nb_execution_show_tb = True
+nb_merge_streams = True
+# tqdm writes progress bars to stderr; keep them out of the rendered pages
+nb_output_stderr = "remove"
+
+# The tutorial notebooks live in notebooks/ (generated from examples/): copy them in.
+tutorials = DOCS / "tutorials"
+tutorials.mkdir(exist_ok=True)
+for notebook in (ROOT / "notebooks").glob("*.ipynb"):
+    shutil.copy(notebook, tutorials / notebook.name)
