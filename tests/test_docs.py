@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [
-    "getting-started", "concepts", "recipes", "checkpoints", "performance", "adding-an-algorithm", "api",
+    "getting-started", "concepts", "recipes", "checkpoints", "distributed", "performance", "adding-an-algorithm", "api",
     "algorithms/adadelta", "algorithms/adagrad", "algorithms/adamax", "algorithms/nadam",
     "tutorials/drop_in_replacement", "tutorials/lr_sweep_vmap", "tutorials/maml_sinusoid",
 ]  # fmt: skip

@@ -31,6 +31,14 @@ from . import inplace
 from .algorithm import Algorithm, Hyperparams, as_real, scalar_dtype
 from .base import GradientTransformation
 
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # a torch build without torch.distributed
+
+    class DTensor:  # type: ignore[no-redef]
+        """Stands in for torch.distributed.tensor.DTensor: nothing is an instance."""
+
+
 IMPLEMENTATION_FLAGS = ("foreach", "fused", "capturable", "differentiable")
 """torch.optim's switches that choose an implementation, not the math."""
 
@@ -264,6 +272,12 @@ def _step_in_place(
         counters[values].append(tensors[:k])
         coefficients = schedules[values][1]
         buffers = tensors[k:]
+        if isinstance(p, DTensor):
+            local = _local_shards(p, g, buffers)
+            if local is None:  # differently sharded: DTensor ops, one tensor at a time
+                inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
+                continue
+            p, g, buffers = local
         if p.is_complex():
             p, g, buffers = as_real(p), as_real(g), [as_real(b) for b in buffers]
         if g.is_sparse or not algorithm.per_element or not inplace.blockable(p, *buffers):
@@ -288,6 +302,18 @@ def _step_in_place(
         for j, value in enumerate(new_values):
             column = [c[j] for c in counters[values]]
             torch._foreach_copy_(column, [torch.tensor(value, dtype=torch.float64)] * len(column))
+
+
+def _local_shards(p: Tensor, g: Tensor, buffers: list[Tensor]) -> tuple[Tensor, Tensor, list[Tensor]] | None:
+    """The local shards of a sharded (DTensor) param, its gradient and its buffers, when
+    all are sharded alike (as FSDP2 shards them): the math is per-element, so each rank
+    steps its own shard, with no communication."""
+    spec = (p.device_mesh, p.placements)  # type: ignore[attr-defined]
+    tensors = [g, *buffers]
+    if not all(isinstance(t, DTensor) and (t.device_mesh, t.placements) == spec for t in tensors):
+        return None
+    p_local, g_local, *local = (t.to_local() for t in (p, *tensors))  # type: ignore[attr-defined]
+    return p_local, g_local, local
 
 
 def _check_fused(p: Tensor, g: Tensor) -> None:
