@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
 import funcopt as fo
+from funcopt.demo import sinusoid_model, sinusoid_tasks
 
 sys.path.insert(0, str(Path(__file__).parent))
 from step_time import benchmark_shapes, make_params  # noqa: E402
@@ -94,20 +95,10 @@ def sweep_benchmark(rounds: int) -> None:
 
 
 def maml_benchmark(rounds: int) -> None:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(1, 40),
-        torch.nn.ReLU(),
-        torch.nn.Linear(40, 40),
-        torch.nn.ReLU(),
-        torch.nn.Linear(40, 1),
-    )
+    model = sinusoid_model()
     meta_params = {k: v.detach().clone().requires_grad_() for k, v in model.named_parameters()}
     tasks, inner_steps, lr = 8, 5, 0.01
-    amp = torch.rand(tasks, 1, 1) * 4.9 + 0.1
-    phase = torch.rand(tasks, 1, 1) * 3.14
-    xs = torch.rand(tasks, 10, 1) * 10 - 5
-    ys = amp * torch.sin(xs + phase)
+    xs, ys, _, _ = sinusoid_tasks(tasks, 10, torch.Generator().manual_seed(0))
 
     def loss_fn(p, x, y):
         return F.mse_loss(functional_call(model, p, (x,)), y)

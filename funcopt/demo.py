@@ -88,25 +88,31 @@ def lr_sweep(n_lrs: int = 16, steps: int = 100) -> dict:
     return {"lrs": lrs, "final_loss": batched, "loop_final_loss": looped, "t_vmap": t_vmap, "t_loop": t_loop}
 
 
-def _sinusoid_tasks(
+def sinusoid_tasks(
     n: int, points: int, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """n sinusoid regression tasks, `points` samples each: x, y, amplitude, phase."""
     amplitude = torch.rand(n, 1, 1, generator=generator) * 4.9 + 0.1
     phase = torch.rand(n, 1, 1, generator=generator) * math.pi
     x = torch.rand(n, points, 1, generator=generator) * 10 - 5
     return x, amplitude * torch.sin(x + phase), amplitude, phase
 
 
-def maml(meta_iterations: int = 1500, tasks_per_batch: int = 4, inner_steps: int = 1) -> dict:
-    """MAML (second order) on sinusoids: meta-learn an init that adapts in a few steps."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
+def sinusoid_model(seed: int = 0) -> torch.nn.Module:
+    """The MLP of the MAML paper's sinusoid experiment: 1-40-40-1, ReLU."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
         torch.nn.Linear(1, 40),
         torch.nn.ReLU(),
         torch.nn.Linear(40, 40),
         torch.nn.ReLU(),
         torch.nn.Linear(40, 1),
     )
+
+
+def maml(meta_iterations: int = 1500, tasks_per_batch: int = 4, inner_steps: int = 1) -> dict:
+    """MAML (second order) on sinusoids: meta-learn an init that adapts in a few steps."""
+    model = sinusoid_model()
     meta_params = {k: v.detach().clone().requires_grad_() for k, v in model.named_parameters()}
     meta_opt = fo.Adamax(meta_params.values(), lr=3e-3)
     # eps_root: ReLU gives exact-zero gradient entries, where sqrt's derivative would
@@ -122,7 +128,7 @@ def maml(meta_iterations: int = 1500, tasks_per_batch: int = 4, inner_steps: int
         return adapted
 
     # a held-out task, to show adaptation before and after meta-training
-    tx, ty, amp, phase = _sinusoid_tasks(1, 10, g)
+    tx, ty, amp, phase = sinusoid_tasks(1, 10, g)
     grid = torch.linspace(-5, 5, 200).unsqueeze(1)
     truth = amp[0] * torch.sin(grid + phase[0])
 
@@ -135,7 +141,7 @@ def maml(meta_iterations: int = 1500, tasks_per_batch: int = 4, inner_steps: int
 
     def held_out_error(tasks: int = 20) -> float:
         """Mean squared error on 20 new tasks after 5 steps on 10 points of each."""
-        x, y, _, _ = _sinusoid_tasks(tasks, 110, torch.Generator().manual_seed(123))
+        x, y, _, _ = sinusoid_tasks(tasks, 110, torch.Generator().manual_seed(123))
         params = {k: v.detach() for k, v in meta_params.items()}
         errors = [loss_fn(adapt(params, x[t, :10], y[t, :10], 5), x[t, 10:], y[t, 10:]) for t in range(tasks)]
         return torch.stack(errors).mean().item()
@@ -143,7 +149,7 @@ def maml(meta_iterations: int = 1500, tasks_per_batch: int = 4, inner_steps: int
     before_meta, error_before = predictions(), held_out_error()
     meta_losses = []
     for _ in _progress(range(meta_iterations), desc="MAML"):
-        x, y, _, _ = _sinusoid_tasks(tasks_per_batch, 20, g)
+        x, y, _, _ = sinusoid_tasks(tasks_per_batch, 20, g)
         loss = torch.zeros(())
         for t in range(tasks_per_batch):  # adapt on 10 points, evaluate on the other 10
             adapted = adapt(meta_params, x[t, :10], y[t, :10], inner_steps)

@@ -85,3 +85,24 @@ def make_params(dtype: torch.dtype, seed: int = 0) -> list[torch.Tensor]:
         torch.randn(7, generator=g, dtype=dtype),
         torch.randn((), generator=g, dtype=dtype),
     ]
+
+
+def assert_matches_torch(name: str, kwargs: dict[str, Any], base: list[torch.Tensor], grad_steps) -> None:
+    """Run torch.optim.X, funcopt.X and funcopt.x side by side from the params `base`,
+    one step per list of gradients in `grad_steps`; params and state must agree."""
+    ref_params = [p.clone().requires_grad_() for p in base]
+    our_params = [p.clone().requires_grad_() for p in base]
+    ref, ours = torch_cls(name)(ref_params, **kwargs), fo_cls(name)(our_params, **kwargs)
+    tx = factory(name)(**functional_kwargs(kwargs))
+    f_params, f_state = list(base), tx.init(list(base))
+    for grads in grad_steps:
+        for ps in (ref_params, our_params):
+            for p, g in zip(ps, grads):
+                p.grad = g.clone()
+        ref.step()
+        ours.step()
+        updates, f_state = tx.update(grads, f_state, f_params)
+        f_params = fo.apply_updates(f_params, updates)
+    assert_same(our_params, ref_params)
+    assert_same(ours.state_dict(), ref.state_dict())
+    assert_same(f_params, ref_params)

@@ -4,11 +4,9 @@ torch's own table; funcopt.X and funcopt.x must match torch.optim.X."""
 from __future__ import annotations
 
 import torch
-from helpers import assert_same, factory, fo_cls, torch_cls
+from helpers import assert_matches_torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import funcopt as fo
 
 unit = st.floats(0.0, 0.99)
 positive = st.floats(1e-4, 0.5)
@@ -64,21 +62,5 @@ def test_random_configurations_match_torch(case):
     name, kwargs, shapes, dtype, steps, seed = case
     gen = torch.Generator().manual_seed(seed)
     base = [torch.randn(s, generator=gen, dtype=dtype) for s in shapes]
-    ref_params = [p.clone().requires_grad_() for p in base]
-    our_params = [p.clone().requires_grad_() for p in base]
-    ref = torch_cls(name)(ref_params, **kwargs)
-    ours = fo_cls(name)(our_params, **kwargs)
-    tx = factory(name)(**kwargs)
-    f_params, f_state = list(base), tx.init(list(base))
-    for _ in range(steps):
-        grads = [torch.randn(s, generator=gen, dtype=dtype) for s in shapes]
-        for ps in (ref_params, our_params):
-            for p, g in zip(ps, grads):
-                p.grad = g.clone()
-        ref.step()
-        ours.step()
-        updates, f_state = tx.update(grads, f_state, f_params)
-        f_params = fo.apply_updates(f_params, updates)
-    assert_same(our_params, ref_params)
-    assert_same(ours.state_dict(), ref.state_dict())
-    assert_same(f_params, ref_params)
+    grad_steps = [[torch.randn(s, generator=gen, dtype=dtype) for s in shapes] for _ in range(steps)]
+    assert_matches_torch(name, kwargs, base, grad_steps)

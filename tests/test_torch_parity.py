@@ -15,6 +15,7 @@ import pytest
 import torch
 from helpers import (
     ALGORITHMS,
+    assert_matches_torch,
     assert_same,
     factory,
     fo_cls,
@@ -107,20 +108,5 @@ def test_large_tensors_match_torch(name):
         torch.randn(300, 400, 2, generator=gen)[..., 0],
         torch.randn(2 * inplace.SMALL, dtype=torch.complex64, generator=gen),
     ]
-    ref_params = [p.clone().requires_grad_() for p in base]
-    our_params = [p.clone().requires_grad_() for p in base]
-    ref, ours = torch_cls(name)(ref_params, weight_decay=0.1), fo_cls(name)(our_params, weight_decay=0.1)
-    tx = factory(name)(weight_decay=0.1)
-    f_params, f_state = list(base), tx.init(list(base))
-    for _ in range(3):
-        grads = [torch.randn(p.shape, generator=gen, dtype=p.dtype) for p in base]
-        for ps in (ref_params, our_params):
-            for p, g in zip(ps, grads):
-                p.grad = g.clone()
-        ref.step()
-        ours.step()
-        updates, f_state = tx.update(grads, f_state, f_params)
-        f_params = fo.apply_updates(f_params, updates)
-    assert_same(our_params, ref_params)
-    assert_same(ours.state_dict(), ref.state_dict())
-    assert_same(f_params, ref_params)
+    grad_steps = [[torch.randn(p.shape, generator=gen, dtype=p.dtype) for p in base] for _ in range(3)]
+    assert_matches_torch(name, {"weight_decay": 0.1}, base, grad_steps)
