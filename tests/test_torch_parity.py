@@ -44,12 +44,12 @@ def _leaves(base: list[torch.Tensor], differentiable: bool) -> list[torch.Tensor
 def path(request, monkeypatch):
     """Which code paths run: the real sizes; tiny segments, so that the in-place paths
     split params into blocks and chunks even here; or the functional update forced onto
-    its traced path (Pure ops, tensor coefficients), as under torch.func/compile."""
+    its traced path (Pure ops, schedules on float64 tensors), as under torch.func/compile."""
     if request.param == "segments":
         monkeypatch.setattr(inplace, "SMALL", 8)
         monkeypatch.setattr(inplace, "SEGMENT", 16)
     if request.param == "traced":
-        monkeypatch.setattr(algorithm, "plain_eager", lambda *args: False)
+        monkeypatch.setattr(algorithm, "tracing", lambda: True)
     return request.param
 
 

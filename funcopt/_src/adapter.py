@@ -115,10 +115,7 @@ class Optimizer(torch.optim.Optimizer):
     # -- pickling and old checkpoints -----------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        if "_transform" in self.__dict__:
-            state["_transform"] = self._transform
-        return state
+        return {**super().__getstate__(), "_transform": self._transform}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -185,8 +182,8 @@ class Optimizer(torch.optim.Optimizer):
                 on_device=self._on_device(group),
                 fused=bool(group.get("fused")),
             )
-        state = self._make_transform(hyperparams).init({"0": p})
-        return {name: leaf["0"] if per_param else leaf for name, per_param, leaf in _slots(state)}
+        slots, _ = _slots(self._make_transform(hyperparams).init({"0": p}))
+        return {name: leaf["0"] if per_param else leaf for name, per_param, leaf in slots}
 
     def _step_group(self, group: dict[str, Any], params: list[Tensor]) -> None:
         grads = [cast(Tensor, p.grad) for p in params]  # the params with a gradient
@@ -201,13 +198,12 @@ class Optimizer(torch.optim.Optimizer):
             _check_capturable(params)
         hyperparams = self._hyperparams(group)
         algorithm = self._transform if isinstance(self._transform, Algorithm) else None
-        fast = (
+        if (  # the fast path; else pure and traceable (capturable, differentiable, compiled)
             algorithm is not None
             and not group.get("capturable")
             and not self.defaults.get("differentiable")
             and not torch.compiler.is_compiling()
-        )
-        if algorithm is not None and fast:
+        ):
             hyperparams = {k: _to_python(v) for k, v in hyperparams.items()}
             _step_in_place(algorithm, hyperparams, params, grads, states)
         else:
@@ -222,13 +218,11 @@ class Optimizer(torch.optim.Optimizer):
     ) -> None:
         keys = [str(i) for i in range(len(params))]
         # The state's layout, from an init on one meta tensor (allocates nothing).
-        template = transform.init({"0": torch.empty_like(params[0], device="meta")})
-        slots = [(name, per_param) for name, per_param, _ in _slots(template)]
-        _, treedef = _flatten_slots(template)
+        slots, treedef = _slots(transform.init({"0": torch.empty_like(params[0], device="meta")}))
         try:
             leaves = [
                 dict(zip(keys, (s[name] for s in states))) if per_param else states[0][name]
-                for name, per_param in slots
+                for name, per_param, _ in slots
             ]
         except KeyError as e:
             raise KeyError(
@@ -237,8 +231,8 @@ class Optimizer(torch.optim.Optimizer):
             ) from None
         state = treedef.unflatten(leaves)
         updates, new_state = transform.update(dict(zip(keys, grads)), state, dict(zip(keys, params)))
-        new_leaves, _ = _flatten_slots(new_state)
-        for (name, per_param), leaf in zip(slots, new_leaves):
+        new_leaves = treedef.flatten_up_to(new_state)
+        for (name, per_param, _), leaf in zip(slots, new_leaves):
             for key, s in zip(keys, states):
                 _assign(s, name, leaf[key] if per_param else leaf)
         for key, p in zip(keys, params):
@@ -344,14 +338,13 @@ def _is_per_param(x: Any) -> bool:
     return isinstance(x, dict) and len(x) > 0 and all(isinstance(k, str) and k.isdigit() for k in x)
 
 
-def _flatten_slots(state: Any) -> tuple[list[Any], optree.PyTreeSpec]:
-    return optree.tree_flatten(state, is_leaf=_is_per_param, none_is_leaf=True)
-
-
-def _slots(state: Any) -> list[tuple[str, bool, Any]]:
-    """(name, per_param, leaf) for each slot: names join the path's field names,
-    indices and keys with '.', so a lone algorithm's slots are torch's state keys."""
-    accessors, leaves, _ = optree.tree_flatten_with_accessor(state, is_leaf=_is_per_param, none_is_leaf=True)
+def _slots(state: Any) -> tuple[list[tuple[str, bool, Any]], optree.PyTreeSpec]:
+    """(name, per_param, leaf) for each slot of a state, and the state's structure with
+    the slots as leaves. Names join the path's field names, indices and keys with '.',
+    so a lone algorithm's slots are torch's state keys."""
+    accessors, leaves, treedef = optree.tree_flatten_with_accessor(
+        state, is_leaf=_is_per_param, none_is_leaf=True
+    )
     out = []
     for accessor, leaf in zip(accessors, leaves):
         parts = []
@@ -361,7 +354,7 @@ def _slots(state: Any) -> list[tuple[str, bool, Any]]:
                     parts.append(str(getattr(entry, attr)))
                     break
         out.append((".".join(parts), _is_per_param(leaf), leaf))
-    return out
+    return out, treedef
 
 
 def _assign(state: dict[str, Any], name: str, value: Any) -> None:

@@ -8,15 +8,16 @@ An algorithm file (see ``nadam.py``) gives:
 - ``counters``: the fields holding 0-d per-param scalars (``step``, ``mu_product``).
   The other fields are buffers shaped like their param.
 - ``schedule(*counters, **hyperparams) -> (new_counters, coefficients)``: the
-  per-step scalar math (bias corrections, momentum schedule). It is plain
-  arithmetic, run on Python floats by the adapters' fast path (torch's own
-  precision) and on float64 0-d tensors by the functional path.
-- ``elementwise(o, p, g, *buffers, coefficients, **hyperparams) -> (out, buffers)``:
+  per-step scalar math (bias corrections, momentum schedule). It is plain arithmetic,
+  run on Python floats (in double precision, as torch), or on float64 0-d tensors
+  under torch.compile or a torch.func transform.
+- ``elementwise(o, out, p, g, *buffers, coefficients, **hyperparams) -> (out, buffers)``:
   the per-tensor math, written once against ``o`` (see ``ops.py``).
 - ``bounds``: torch's range checks, in torch's order.
 
 Calling an `Algorithm` with hyperparameters gives the functional transformation;
-``adapter.py`` runs the same two functions in place for the torch.optim classes.
+``adapter.py`` and ``inplace.py`` run the same two functions in place for the
+torch.optim classes.
 """
 
 from __future__ import annotations
@@ -219,7 +220,7 @@ class Algorithm:
             )
         columns: list[list[Any]] = [treedef.flatten_up_to(column) for column in state]
         traced = tracing()
-        eager = not traced and plain_eager(hyperparams, g_leaves, p_leaves, *columns)
+        eager = plain_eager(hyperparams, g_leaves, p_leaves, *columns)
         new_columns = [list(column) for column in columns]
         k = len(self.counters)
         schedules: list[tuple[tuple[Any, ...], Any]] = []  # (counters, schedule)
