@@ -51,11 +51,13 @@ def test_distributed_checkpoint_round_trips(tmp_path):
 
 def test_distributed_example_runs(tmp_path):
     """examples/distributed_training.py, which docs/distributed.md shows, runs."""
+    import os
     import subprocess
 
     script = Path(__file__).resolve().parents[1] / "examples" / "distributed_training.py"
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}  # loopback
     result = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env
     )
     assert result.returncode == 0, result.stderr[-3000:]
     for line in (
