@@ -72,9 +72,8 @@ def test_tensor_hyperparameters_equal_floats(name, tensor_dtype):
     }
     expected, expected_state = run(factory(name)(**NUMERIC[name]), params, grads)
     actual, actual_state = run(factory(name)(**tensors), params, grads)
-    tol = {} if tensor_dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-6}
-    assert_same(actual, expected, **tol)
-    assert_same(list(actual_state), list(expected_state), **tol)  # dtypes checked too
+    assert_same(actual, expected)
+    assert_same(list(actual_state), list(expected_state))  # dtypes checked too
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
