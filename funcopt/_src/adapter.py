@@ -28,8 +28,8 @@ from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
 from . import inplace
-from .algorithm import Algorithm, Hyperparams, as_real, scalar_dtype
-from .base import GradientTransformation
+from .algorithm import Algorithm, Hyperparams, scalar_dtype
+from .base import GradientTransformation, as_real
 
 try:
     from torch.distributed.tensor import DTensor

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from . import inplace
-from .base import GradientTransformation, Params, State, Updates, real_dtype, tree_flatten
+from .base import GradientTransformation, Params, State, Updates, as_real, real_dtype, tree_flatten
 from .ops import Pure, nonzero
 
 Hyperparams = dict[str, Any]
@@ -82,10 +82,6 @@ def full_like(p: Tensor, value: Any) -> Tensor:
     if p.is_complex():
         value = complex(value, value)
     return torch.full_like(p, value, memory_format=torch.preserve_format)
-
-
-def as_real(t: Tensor) -> Tensor:
-    return torch.view_as_real(t) if t.is_complex() else t
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -281,14 +277,12 @@ class Algorithm:
         hyperparams: Hyperparams,
     ) -> tuple[Tensor, list[Tensor]]:
         """One param's step with `Pure` ops; complex tensors run as pairs of reals."""
-        if not g.is_complex():
-            out, new = self.elementwise(Pure, None, p, g, *buffers, coefficients, **hyperparams)
-            return out, list(new)
-        real = torch.view_as_real
         out, new = self.elementwise(
-            Pure, None, None if p is None else real(p), real(g),
-            *(real(b) for b in buffers), coefficients, **hyperparams,
+            Pure, None, None if p is None else as_real(p), as_real(g),
+            *(as_real(b) for b in buffers), coefficients, **hyperparams,
         )  # fmt: skip
+        if not g.is_complex():
+            return out, list(new)
         return torch.view_as_complex(out), [torch.view_as_complex(b) for b in new]
 
     # -- torch.optim's per-param state ----------------------------------------

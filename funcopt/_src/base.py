@@ -99,6 +99,12 @@ def chain(*transforms: GradientTransformation) -> GradientTransformation:
     return GradientTransformation(init, update)
 
 
+def as_real(t: Tensor) -> Tensor:
+    """A complex tensor as a real view with a trailing dimension of 2, as torch.optim
+    steps complex params; a real tensor as it is."""
+    return torch.view_as_real(t) if t.is_complex() else t
+
+
 def real_dtype(t: Tensor) -> torch.dtype:
     """float32 for complex64, float64 for complex128, else the tensor's own dtype."""
     return t.real.dtype if t.is_complex() else t.dtype

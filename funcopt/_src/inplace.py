@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .base import as_real
 from .ops import InPlace
 
 SEGMENT = 1 << 19
@@ -90,10 +91,6 @@ def fresh_step(algorithm: Any, coefficients: Any, hyperparams: Any, p: Tensor, g
     by block, in fresh memory: `p`, `g` and `buffers` are only read."""
     update = torch.empty_like(p)
     new = [torch.empty_like(b) for b in buffers]
-    if p.is_complex():
-        real = torch.view_as_real
-        run_blocks(algorithm, coefficients, hyperparams, real(update), real(p), real(g),
-                   [real(b) for b in new], [real(b) for b in buffers])  # fmt: skip
-    else:
-        run_blocks(algorithm, coefficients, hyperparams, update, p, g, new, buffers)
+    run_blocks(algorithm, coefficients, hyperparams, as_real(update), as_real(p), as_real(g),
+               [as_real(b) for b in new], [as_real(b) for b in buffers])  # fmt: skip
     return update, new
