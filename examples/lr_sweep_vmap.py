@@ -79,4 +79,5 @@ bars.set(ylabel="seconds", title="24 training runs")
 fig.tight_layout()
 fig.savefig("lr_sweep_vmap.png", dpi=100)
 
-assert t_vmap < t_loop and agree.median() < 1e-3
+# the timing is shown, not asserted (it depends on the machine); the agreement is checked
+assert agree.median() < 1e-3

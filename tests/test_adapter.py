@@ -501,3 +501,33 @@ def test_bfloat16_params(name):
 
     _, sd = twin(name, scenario)
     assert sd["state"][0][list(sd["state"][0])[-1]].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("default_dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_compiled_step_matches_torch_eager(name, default_dtype):
+    """torch.compile(optimizer.step): same params and state as torch's eager step, no
+    recompile after the first steps. Under a float64 default dtype the counters are 0-d
+    float64 tensors, whose in-place writes torch 2.13's compiler can drop."""
+    import torch._dynamo
+
+    def scenario(cls):
+        torch._dynamo.reset()
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(default_dtype)
+        try:
+            m = model()
+            scalar = torch.nn.Parameter(torch.tensor(0.5))  # a 0-d param, 0-d state
+            opt = cls([*m.parameters(), scalar], lr=0.1)
+            step = torch.compile(opt.step, backend="aot_eager") if cls is fo_cls(name) else opt.step
+            x, y = data()
+            for i in range(4):
+                opt.zero_grad()
+                (loss_fn(m, x, y) + scalar**2).backward()
+                with torch._dynamo.config.patch(error_on_recompile=i > 1):
+                    step()
+            return [p.detach() for p in m.parameters()], scalar.detach(), opt.state_dict()["state"]
+        finally:
+            torch.set_default_dtype(old)
+
+    twin(name, scenario, rtol=1e-5, atol=1e-6)

@@ -220,6 +220,40 @@ def test_compile_fullgraph_without_recompiles(name):
     assert_same(list(comp_s), list(eager_s), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_compiled_write_back_matches_pure_steps(name):
+    """The recipe for a compiled in-place step: the pure update's results copied back into
+    params and state inside the compiled function (the shared step counter included).
+    Float32 counters: torch 2.13's compiler can drop in-place writes to 0-d float64
+    inputs, so the recipe says to return the counters under a float64 default dtype."""
+    import optree
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch.set_default_dtype(torch.float32)  # the fixture restores it
+    params, x, y = problem(dtype=torch.float32)
+    tx = make(name, HYPER[name])
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def step_in_place(grads, state, params):
+        updates, new_state = tx.update(grads, state, params)
+        new = optree.tree_leaves((fo.apply_updates(params, updates), new_state))
+        for old, value in zip(optree.tree_leaves((params, state)), new):
+            old.copy_(value)
+
+    pure_p, pure_s = params, tx.init(params)
+    in_place_p = {k: v.clone() for k, v in params.items()}
+    in_place_s = tx.init(in_place_p)
+    for i in range(4):
+        grads = grad(loss_fn)(pure_p, x, y)
+        updates, pure_s = tx.update(grads, pure_s, pure_p)
+        pure_p = fo.apply_updates(pure_p, updates)
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            step_in_place(grads, in_place_s, in_place_p)
+    assert_same(in_place_p, pure_p, rtol=1e-5, atol=1e-6)
+    assert_same(list(in_place_s), list(pure_s), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.slow
 def test_compile_inductor_matches_eager():
     """The real compiler (inductor) on NAdam and Adamax, whose schedules use `power`."""
