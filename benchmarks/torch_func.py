@@ -32,6 +32,11 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
+try:
+    import resource
+except ImportError:  # not POSIX
+    resource = None  # type: ignore[assignment]
+
 import funcopt as fo
 from funcopt.demo import sinusoid_model, sinusoid_tasks
 
@@ -171,9 +176,7 @@ def keep_freed_memory() -> bool:
 
 
 def page_faults() -> int:
-    try:
-        import resource
-    except ImportError:  # not POSIX
+    if resource is None:  # not POSIX
         return 0
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
