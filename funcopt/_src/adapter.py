@@ -369,7 +369,8 @@ def _assign(state: dict[str, Any], name: str, value: Any) -> None:
         and old.shape == value.shape
         and not value.is_sparse
         # torch 2.13's compiler can drop an in-place write to a 0-d float64 CPU input
-        # (it takes the tensor for a Python float); compiled steps replace counters
+        # (it takes the tensor for a Python float): compiled steps replace every 0-d
+        # state tensor (counters, and the buffers of 0-d params) instead
         and not (old.dim() == 0 and torch.compiler.is_compiling())
     ):
         old.copy_(value)
