@@ -435,9 +435,11 @@ def test_differentiable_step_gradcheck(name, kwargs):
 def _sparse_grad(i, n=6):
     """An uncoalesced sparse gradient touching two entries (one of them twice)."""
     idx = torch.tensor([[i % n, i % n, (i + 2) % n]])
-    return torch.sparse_coo_tensor(idx, torch.tensor([0.3, -0.1, 0.7]) * (i + 1), (n,))
+    return torch.sparse_coo_tensor(idx, torch.tensor([0.3, -0.1, 0.7]) * (i + 1), (n,), check_invariants=True)
 
 
+# torch's own sparse Adagrad builds its sparse tensors without saying whether to check them
+@pytest.mark.filterwarnings("ignore:Sparse invariant checks are implicitly disabled:UserWarning:torch.optim")
 @pytest.mark.parametrize("kwargs", [{}, {"lr": 0.1, "lr_decay": 0.2}, {"maximize": True}])
 def test_adagrad_sparse_gradients(kwargs):
     def scenario(cls):
