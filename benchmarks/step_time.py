@@ -12,7 +12,7 @@ Then it times the adapter on 300 tiny tensors, where Python overhead dominates.
 
 Targets: adapter <= 1.05x, functional <= 2.0x, adapter on tiny tensors <= 1.1x.
 
-    python benchmarks/step_time.py [--rounds 15] [--algorithms NAdam,Adamax]
+    python benchmarks/step_time.py [--rounds 15] [--algorithms NAdam,Adamax] [--device cuda]
 """
 
 from __future__ import annotations
@@ -46,19 +46,24 @@ def benchmark_shapes() -> list[tuple[int, ...]]:
     return shapes
 
 
-def make_params(shapes, seed=0):
+def make_params(shapes, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    params = [torch.randn(s, generator=g) * 0.1 for s in shapes]
-    grads = [torch.randn(s, generator=g) * 0.01 for s in shapes]
+    params = [(torch.randn(s, generator=g) * 0.1).to(device) for s in shapes]
+    grads = [(torch.randn(s, generator=g) * 0.01).to(device) for s in shapes]
     return params, grads
 
 
-def contenders(name: str, shapes) -> dict[str, callable]:
+def synchronizer(device: str):
+    """What to call before reading the clock: a step on a GPU only queues its kernels."""
+    return torch.cuda.synchronize if torch.device(device).type == "cuda" else lambda: None
+
+
+def contenders(name: str, shapes, device="cpu") -> dict[str, callable]:
     """Each contender owns its params and state; calling it performs one step."""
     out = {}
 
     def adapter_like(label, make):
-        params, grads = make_params(shapes)
+        params, grads = make_params(shapes, device=device)
         params = [torch.nn.Parameter(p) for p in params]
         for p, g in zip(params, grads):
             p.grad = g
@@ -69,7 +74,7 @@ def contenders(name: str, shapes) -> dict[str, callable]:
     adapter_like("torch foreach", lambda ps: getattr(torch.optim, name)(ps, foreach=True))
     adapter_like("funcopt adapter", lambda ps: getattr(fo, name)(ps))
 
-    params, grads = make_params(shapes)
+    params, grads = make_params(shapes, device=device)
     tx = getattr(fo, name.lower())()
     box = {"params": params, "state": tx.init(params)}
 
@@ -81,12 +86,14 @@ def contenders(name: str, shapes) -> dict[str, callable]:
     return out
 
 
-def measure(steps: dict[str, callable], rounds: int, warmup: int = 3) -> dict[str, float]:
+def measure(steps: dict[str, callable], rounds: int, warmup: int = 3, sync=lambda: None) -> dict[str, float]:
     times: dict[str, list[float]] = {k: [] for k in steps}
     for r in range(warmup + rounds):
         for label, step in steps.items():
+            sync()
             t0 = time.perf_counter()
             step()
+            sync()
             dt = time.perf_counter() - t0
             if r >= warmup:
                 times[label].append(dt)
@@ -97,22 +104,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
+    sync = synchronizer(args.device)
 
     shapes = benchmark_shapes()
     numel = sum(torch.Size(s).numel() for s in shapes)
     small = sum(torch.Size(s).numel() < 4096 for s in shapes)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    where = (
+        torch.cuda.get_device_name(args.device)
+        if sync is torch.cuda.synchronize
+        else f"{torch.get_num_threads()} threads"
+    )
+    print(f"torch {torch.__version__}, {where}")
     print(f"parameter set: {len(shapes)} float32 tensors, {numel / 1e6:.1f}M elements, {small} under 4096")
     tiny = [(3,)] * 300
     header = f"{'algorithm':10} {'torch':>8} {'foreach':>8} {'adapter':>8} {'functional':>10}  {'adapter/torch':>13} {'functional/torch':>16}   tiny: {'torch':>7} {'adapter':>7} {'ratio':>6}"
     print(header)
     print("-" * len(header))
     for name in args.algorithms.split(","):
-        t = measure(contenders(name, shapes), args.rounds)
+        t = measure(contenders(name, shapes, args.device), args.rounds, sync=sync)
         best = min(t["torch"], t["torch foreach"])
         tt = measure(
-            {k: v for k, v in contenders(name, tiny).items() if k != "funcopt functional"}, args.rounds * 4
+            {k: v for k, v in contenders(name, tiny, args.device).items() if k != "funcopt functional"},
+            args.rounds * 4,
+            sync=sync,
         )
         tiny_best = min(tt["torch"], tt["torch foreach"])
         print(

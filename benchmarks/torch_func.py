@@ -14,7 +14,10 @@ the same run.
    otherwise pay for its fresh outputs. For reference it also times the same compiled
    update with its results copied back into the inputs (in place, not pure).
 
-    python benchmarks/torch_func.py [--skip-compile] [--algorithms NAdam,Adamax]
+With ``--device cuda`` the compiled-step section runs on the GPU (once: the allocator
+settings concern the CPU); sections 1 and 2 stay on the CPU.
+
+    python benchmarks/torch_func.py [--skip-compile] [--algorithms NAdam,Adamax] [--device cuda]
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import funcopt as fo
 from funcopt.demo import sinusoid_model, sinusoid_tasks
 
 sys.path.insert(0, str(Path(__file__).parent))
-from step_time import benchmark_shapes, make_params  # noqa: E402
+from step_time import benchmark_shapes, make_params, synchronizer  # noqa: E402
 
 
 def median_time(fn, rounds, warmup=2):
@@ -54,12 +57,14 @@ def median_time(fn, rounds, warmup=2):
     return statistics.median(times)
 
 
-def interleaved(fns: dict, rounds: int, warmup: int = 2) -> dict:
+def interleaved(fns: dict, rounds: int, warmup: int = 2, sync=lambda: None) -> dict:
     times = {k: [] for k in fns}
     for i in range(warmup + rounds):
         for k, fn in fns.items():
+            sync()
             t0 = time.perf_counter()
             fn()
+            sync()
             if i >= warmup:
                 times[k].append(time.perf_counter() - t0)
     return {k: statistics.median(v) for k, v in times.items()}
@@ -181,14 +186,15 @@ def page_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def compile_benchmark(rounds: int, algorithms: list[str], allocator: str) -> None:
+def compile_benchmark(rounds: int, algorithms: list[str], allocator: str, device: str = "cpu") -> None:
     shapes = benchmark_shapes()
+    sync = synchronizer(device)
     print(
         f"3. compiled pure step on {len(shapes)} tensors, "
         f"{sum(torch.Size(s).numel() for s in shapes) / 1e6:.1f}M elements, {allocator}:"
     )
     for name in algorithms:
-        params, grads = make_params(shapes)
+        params, grads = make_params(shapes, device=device)
         tx = getattr(fo, name.lower())()
 
         def step(grads, state, params, tx=tx):
@@ -199,6 +205,7 @@ def compile_benchmark(rounds: int, algorithms: list[str], allocator: str) -> Non
         box = {"params": params, "state": tx.init(params)}
         t0 = time.perf_counter()
         box["params"], box["state"] = compiled(grads, box["state"], box["params"])
+        sync()
         compile_s = time.perf_counter() - t0
         faults = []
 
@@ -222,12 +229,12 @@ def compile_benchmark(rounds: int, algorithms: list[str], allocator: str) -> Non
 
         fns = {"compiled": compiled_step, "in place": in_place_step}
         for label, foreach in (("torch", False), ("torch foreach", True)):
-            ps, gs = make_params(shapes)
+            ps, gs = make_params(shapes, device=device)
             ps = [torch.nn.Parameter(p) for p in ps]
             for p, g in zip(ps, gs):
                 p.grad = g
             fns[label] = getattr(torch.optim, name)(ps, foreach=foreach).step
-        t = interleaved(fns, rounds)
+        t = interleaved(fns, rounds, sync=sync)
         best = min(t["torch"], t["torch foreach"])
         print(
             f"   {name:9} compiled {t['compiled'] * 1e3:6.1f} ms, torch {t['torch'] * 1e3:6.1f} ms, "
@@ -244,12 +251,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--skip-compile", action="store_true")
     parser.add_argument("--algorithms", default="Adadelta,Adagrad,Adamax,NAdam")
+    parser.add_argument("--device", default="cpu", help="where the compiled-step section runs")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     sweep_benchmark(max(3, args.rounds // 2))
     maml_benchmark(args.rounds)
     if not args.skip_compile:
         algorithms = args.algorithms.split(",")
+        if torch.device(args.device).type != "cpu":
+            compile_benchmark(args.rounds, algorithms, torch.cuda.get_device_name(args.device), args.device)
+            return
         compile_benchmark(args.rounds, algorithms, "glibc's default allocator settings")
         if keep_freed_memory():
             compile_benchmark(args.rounds, algorithms, "freed memory kept in the process")

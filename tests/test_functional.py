@@ -37,13 +37,16 @@ def run(tx, params, grads_seq):
     return params, state
 
 
-@pytest.mark.parametrize("segments", [False, True])
+@pytest.mark.parametrize("path", ["default", "segments", "lists"])
 @pytest.mark.parametrize("name", ALGORITHMS)
-def test_inputs_are_never_mutated(name, segments, monkeypatch):
-    """Pure ops, or (tiny segments) the eager path that computes in place in fresh memory."""
-    if segments:
+def test_inputs_are_never_mutated(name, path, monkeypatch):
+    """Pure ops, or the eager paths that compute in place in fresh memory: on flat
+    segments (made tiny here), or with `ForEach` ops on groups (the GPUs' path)."""
+    if path == "segments":
         monkeypatch.setattr(inplace, "SMALL", 4)
         monkeypatch.setattr(inplace, "SEGMENT", 5)
+    if path == "lists":
+        monkeypatch.setattr(inplace, "use_lists", lambda p: True)
     params, grads = params_and_grads()
     tx = factory(name)(**NUMERIC[name])
     state = tx.init(params)

@@ -1,12 +1,13 @@
-"""`InPlace` and `Pure` compute the same thing; `Pure` mutates nothing and never
-promotes: a float64 0-d coefficient applied to float32 (or a 0-d float32) stays float32."""
+"""`InPlace`, `ForEach` and `Pure` compute the same thing; `ForEach` applies `InPlace`
+to each tensor of its lists; `Pure` mutates nothing and never promotes: a float64 0-d
+coefficient applied to float32 (or a 0-d float32) stays float32."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from funcopt._src.ops import InPlace, Pure, nonzero
+from funcopt._src.ops import ForEach, InPlace, Pure, TensorList, nonzero
 
 # name, tensor arguments (by shape), coefficients (keyword or trailing positional)
 CASES = [
@@ -53,6 +54,26 @@ def test_inplace_and_pure_agree(name, n, coefs, shape):
         torch.testing.assert_close(result, expected)
         for a, s in zip(args, snapshot):
             assert torch.equal(a, s)
+
+
+@pytest.mark.parametrize("name,n,coefs", CASES, ids=[c[0] for c in CASES])
+def test_foreach_is_inplace_on_each_tensor(name, n, coefs):
+    kwargs = coefs if isinstance(coefs, dict) else {}
+    extra = coefs if isinstance(coefs, tuple) else ()
+    columns = list(zip(_args(n, (3, 4), torch.float32), _args(n, (), torch.float64)))
+    expected = [getattr(InPlace, name)(*[t.clone() for t in ts], *extra, **kwargs) for ts in zip(*columns)]
+    args = [TensorList(t.clone() for t in column) for column in columns]
+    result = getattr(ForEach, name)(*args, *extra, **kwargs)
+    assert isinstance(result, TensorList)
+    if name.endswith("_"):
+        assert result is args[0]
+    for r, e in zip(result, expected):
+        torch.testing.assert_close(r, e)
+    p, out = TensorList(args[0]), TensorList(t.clone() + 1 for t in args[0])
+    expected = [InPlace.decay_(o.clone(), q, 0.9) for o, q in zip(out, p)]
+    torch.testing.assert_close(ForEach.decay_(out, p, 0.9), expected)
+    expected = [q * 0.9 for q in p]
+    torch.testing.assert_close(ForEach.decay_(p, p, 0.9), expected)
 
 
 def test_pure_accumulates_into_a_zero_update():

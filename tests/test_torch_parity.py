@@ -40,14 +40,17 @@ def _leaves(base: list[torch.Tensor], differentiable: bool) -> list[torch.Tensor
     return [p.clone() for p in leaves] if differentiable else leaves
 
 
-@pytest.fixture(params=["default", "segments", "traced"])
+@pytest.fixture(params=["default", "segments", "lists", "traced"])
 def path(request, monkeypatch):
     """Which code paths run: the real sizes; tiny segments, so that the in-place paths
-    split params into blocks and chunks even here; or the functional update forced onto
-    its traced path (Pure ops, schedules on float64 tensors), as under torch.func/compile."""
+    split params into blocks and chunks even here; the GPUs' path (`ForEach` ops on
+    groups of params) on the CPU; or the functional update forced onto its traced path
+    (Pure ops, schedules on float64 tensors), as under torch.func/compile."""
     if request.param == "segments":
         monkeypatch.setattr(inplace, "SMALL", 8)
         monkeypatch.setattr(inplace, "SEGMENT", 16)
+    if request.param == "lists":
+        monkeypatch.setattr(inplace, "use_lists", lambda p: True)
     if request.param == "traced":
         monkeypatch.setattr(algorithm, "tracing", lambda: True)
     return request.param

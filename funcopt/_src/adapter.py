@@ -7,9 +7,10 @@ at every step, so schedulers (which rewrite ``lr``, or ``betas`` for OneCycleLR)
 
 Two ways to step a param group:
 
-- fast path, for the funcopt algorithms (`Algorithm`): torch's for-loop, in place.
+- fast path, for the funcopt algorithms (`Algorithm`): in place, as torch's step.
   Per param the counters are read as Python floats, the algorithm's ``schedule``
-  runs in double precision, and its ``elementwise`` math runs with `InPlace` ops.
+  runs in double precision, and its ``elementwise`` math runs with `InPlace` ops
+  (on the CPU) or `ForEach` ops (on GPUs).
 - functional path, for anything else (chains, user transformations) and for
   ``capturable``, ``differentiable`` or compiled steps: the group's state is
   assembled from the per-param dicts, the pure ``update`` runs, then the new state is
@@ -247,13 +248,15 @@ def _step_in_place(
     grads: list[Tensor],
     states: list[dict[str, Any]],
 ) -> None:
-    """torch.optim's for-loop, in place. Per param, the counters are read as Python
-    floats and the schedule runs in double precision (once per distinct counter
-    values); the elementwise math runs on flat segments (see ``inplace.py``)."""
+    """torch.optim's step, in place. Per param, the counters are read as Python floats
+    and the schedule runs in double precision (once per distinct counter values); the
+    elementwise math runs on flat segments on the CPU, and with foreach ops over each
+    group of params elsewhere (see ``inplace.py``)."""
     k = len(algorithm.counters)
     schedules: dict[tuple[float, ...], Any] = {}  # counter values -> (new values, coefficients)
     counters: dict[tuple[float, ...], list[list[Tensor]]] = {}  # counter values -> their tensors
     chunks: dict[Any, list[list[Tensor]]] = {}  # (values, dtype, device) -> flat views
+    lists: dict[Any, list[list[Tensor]]] = {}  # (values, dtype, device) -> tensors (GPUs)
     chunk: list[list[Tensor]] | None
     sizes: dict[Any, int] = {}  # elements in each chunk
     for p, g, state in zip(params, grads, states):
@@ -274,7 +277,13 @@ def _step_in_place(
             p, g, buffers = local
         if p.is_complex():
             p, g, buffers = as_real(p), as_real(g), [as_real(b) for b in buffers]
-        if g.is_sparse or not algorithm.per_element or not inplace.blockable(p, *buffers):
+        if g.is_sparse:
+            inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
+        elif inplace.use_lists(p):
+            group = lists.setdefault((values, p.dtype, p.device), [[] for _ in range(2 + len(buffers))])
+            for column, t in zip(group, (p, g, *buffers)):
+                column.append(t)
+        elif not algorithm.per_element or not inplace.blockable(p, *buffers):
             inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
         elif p.numel() > inplace.SMALL:
             inplace.run_blocks(algorithm, coefficients, hyperparams, p, p, g, buffers)
@@ -292,6 +301,8 @@ def _step_in_place(
                 sizes[key] = size
     for (values, _, _), chunk in chunks.items():
         inplace.run_chunk(algorithm, schedules[values][1], hyperparams, chunk)
+    for (values, _, _), columns in lists.items():
+        inplace.run_lists(algorithm, schedules[values][1], hyperparams, columns)
     for values, (new_values, _) in schedules.items():
         for j, value in enumerate(new_values):
             column = [c[j] for c in counters[values]]

@@ -220,6 +220,7 @@ class Algorithm:
         new_columns = [list(column) for column in columns]
         k = len(self.counters)
         schedules: list[tuple[tuple[Any, ...], Any]] = []  # (counters, schedule)
+        lists: dict[Any, tuple[Any, list[int], list[list[Tensor]]]] = {}  # see inplace.use_lists
         updates: list[Tensor | None] = []
         for i, (p, g) in enumerate(zip(p_leaves, g_leaves)):
             if g is None:  # skipped, as torch skips a param without .grad
@@ -234,7 +235,20 @@ class Algorithm:
                 schedule = self._schedule(counters, hyperparams, traced)
                 schedules.append((counters, schedule))
             new, coefficients = schedule
+            for column, value in zip(new_columns, new):
+                column[i] = value
             buffers = [column[i] for column in columns[k:]]
+            if eager and p is not None and not g.is_sparse and inplace.use_lists(p):
+                # a GPU: the group's math runs with foreach ops after this loop
+                _, indices, group = lists.setdefault(
+                    (id(schedule), p.dtype, p.device),
+                    (coefficients, [], [[] for _ in range(2 + len(buffers))]),
+                )
+                indices.append(i)
+                for column, t in zip(group, (p, g, *buffers)):
+                    column.append(t)
+                updates.append(None)
+                continue
             if (
                 eager
                 and p is not None
@@ -247,8 +261,14 @@ class Algorithm:
             else:
                 out, buffers = self._pure_step(p, g, buffers, coefficients, hyperparams)
             updates.append(out)
-            for column, value in zip(new_columns, (*new, *buffers)):
+            for column, value in zip(new_columns[k:], buffers):
                 column[i] = value
+        for coefficients, indices, group in lists.values():
+            outs, new_buffers = inplace.fresh_lists(self, coefficients, hyperparams, group)
+            for j, i in enumerate(indices):
+                updates[i] = outs[j]
+                for column, values in zip(new_columns[k:], new_buffers):
+                    column[i] = values[j]
         return treedef.unflatten(updates), self.state(*(treedef.unflatten(c) for c in new_columns))
 
     def _schedule(

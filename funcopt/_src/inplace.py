@@ -1,4 +1,5 @@
-"""Running an algorithm's elementwise math in place, fast, on flat segments.
+"""Running an algorithm's elementwise math in place, fast: on flat segments on the CPU,
+on lists of tensors elsewhere.
 
 Used by the torch.optim adapters (which update params and state in place) and by the
 functional update in plain eager mode (which computes its new tensors in place, in
@@ -9,6 +10,10 @@ concatenated (per-tensor Python overhead dominates small tensors), or a block of
 large one (the intermediate passes over a block stay in the CPU cache, where a whole
 large tensor would stream from memory at every op). The math is per-element
 (`Algorithm.per_element`), so this changes no result.
+
+On a GPU the cost is kernel launches, not memory traffic through a cache: there the
+adapters run the math once per group of params with `ForEach` ops (`run_lists`), as
+torch's foreach path does.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import torch
 from torch import Tensor
 
 from .base import as_real
-from .ops import InPlace
+from .ops import ForEach, InPlace, TensorList
 
 SEGMENT = 1 << 19
 """Elements in a flat segment: a block of a large tensor, or a chunk of small ones."""
@@ -28,13 +33,29 @@ SMALL = 1 << 14
 """Tensors up to this size are concatenated into chunks; larger ones are split into blocks."""
 
 
-def run(algorithm: Any, coefficients: Any, hyperparams: Any, out: Tensor, p: Tensor,
-        g: Tensor, buffers: Sequence[Tensor]) -> None:  # fmt: skip
-    """The math on one set of (real) tensors: `out` and `buffers` are updated in place."""
-    _, new = algorithm.elementwise(InPlace, out, p, g, *buffers, coefficients, **hyperparams)
+def use_lists(p: Tensor) -> bool:
+    """Whether `p` steps with its group through `ForEach` ops (`run_lists`): off the CPU,
+    where what counts is the number of kernel launches, not cache reuse."""
+    return p.device.type != "cpu"
+
+
+def run(algorithm: Any, coefficients: Any, hyperparams: Any, out: Any, p: Any, g: Any,
+        buffers: Sequence[Any], ops: Any = InPlace) -> None:  # fmt: skip
+    """The math on one set of (real) tensors, or with `ForEach` on lists of them: `out`
+    and `buffers` are updated in place."""
+    _, new = algorithm.elementwise(ops, out, p, g, *buffers, coefficients, **hyperparams)
     for old, value in zip(buffers, new):
         if value is not old:
-            old.copy_(value)
+            ops.copy_(old, value)
+
+
+def run_lists(algorithm: Any, coefficients: Any, hyperparams: Any,
+              columns: Sequence[list[Tensor]]) -> None:  # fmt: skip
+    """Step a group of params in place with `ForEach`: one kernel per op for the whole
+    group, as torch's foreach path (on a GPU, per-tensor ops are bound by launches).
+    `columns` holds the params, their gradients, then each buffer."""
+    p, g, *buffers = (TensorList(column) for column in columns)
+    run(algorithm, coefficients, hyperparams, p, p, g, buffers, ForEach)
 
 
 def blockable(*tensors: Tensor) -> bool:
@@ -94,3 +115,28 @@ def fresh_step(algorithm: Any, coefficients: Any, hyperparams: Any, p: Tensor, g
     run_blocks(algorithm, coefficients, hyperparams, as_real(update), as_real(p), as_real(g),
                [as_real(b) for b in new], [as_real(b) for b in buffers])  # fmt: skip
     return update, new
+
+
+def fresh_lists(algorithm: Any, coefficients: Any, hyperparams: Any, columns: Sequence[list[Tensor]]
+                ) -> tuple[list[Tensor], list[list[Tensor]]]:  # fmt: skip
+    """`fresh_step` for a group of params with `ForEach` ops: ``(updates, new buffers)``
+    as new tensors, computed in place in fresh memory. `columns` holds the params, their
+    gradients, then each buffer; they are only read."""
+    ps, gs, *buffers = columns
+    updates = [torch.empty_like(p) for p in ps]
+    torch._foreach_zero_(updates)
+    new = [[torch.empty_like(b) for b in column] for column in buffers]
+    for targets, sources in zip(new, buffers):
+        torch._foreach_copy_(targets, sources)
+    real = lambda ts: TensorList(as_real(t) for t in ts)  # noqa: E731
+    run(
+        algorithm,
+        coefficients,
+        hyperparams,
+        real(updates),
+        real(ps),
+        real(gs),
+        [real(c) for c in new],
+        ForEach,
+    )
+    return updates, new

@@ -1,7 +1,7 @@
-"""The two ways to run an algorithm's per-tensor math, from one copy of it.
+"""The ways to run an algorithm's per-tensor math, from one copy of it.
 
 Each algorithm writes its elementwise math once, against a namespace ``o`` that is
-either `InPlace` or `Pure`::
+`InPlace`, `ForEach` (`InPlace` on lists of tensors) or `Pure`::
 
     exp_avg = o.lerp_(exp_avg, g, 1 - beta1)
     out = o.addcdiv_(out, exp_avg, exp_inf, value=-clr)
@@ -17,7 +17,11 @@ Rules the math follows:
   (the adapters), a fresh zero update (the functional path in plain eager mode), or
   ``None``, a zero update not yet allocated (`Pure`). Only ``add_``, ``addcdiv_`` and
   ``decay_`` write to ``out``, and the math reads ``p`` before it writes to ``out``.
-- Coefficients (``value=``, ``alpha=``, weights) are Python numbers with `InPlace`.
+- `ForEach` is `InPlace` with every tensor argument a `TensorList`: each op is one
+  ``torch._foreach_*`` call for a whole group of params (one kernel launch on a GPU,
+  where per-tensor ops are bound by launch overhead). Sparse gradients never take it.
+- Coefficients (``value=``, ``alpha=``, weights) are Python numbers with `InPlace`
+  and `ForEach`.
   With `Pure` they may also be 0-d tensors (tensor hyperparameters, step-dependent
   scalars); those are cast to the dtype of the tensor they scale, so a float64
   scalar never promotes a float32 param or state.
@@ -73,6 +77,8 @@ class InPlace:
     addcmul_ = staticmethod(Tensor.addcmul_)
     addcdiv_ = staticmethod(Tensor.addcdiv_)
 
+    copy_ = staticmethod(Tensor.copy_)
+
     @staticmethod
     def maximum_(x: Tensor, y: Tensor) -> Tensor:
         return torch.maximum(x, y, out=x)
@@ -84,6 +90,55 @@ class InPlace:
         if out is p:
             return out.mul_(factor)
         return out.mul_(factor).add_(p, alpha=factor - 1)
+
+
+class TensorList(list[Tensor]):
+    """The tensors `ForEach` ops take and return: a list that answers ``is_sparse`` as a
+    dense tensor does, for the math's sparse-gradient checks."""
+
+    is_sparse = False
+
+
+def _foreach(op: Any) -> Any:
+    """A ``torch._foreach_*`` op that makes new tensors, returning a `TensorList`."""
+    return lambda *args, **kwargs: TensorList(op(*args, **kwargs))
+
+
+def _foreach_(op: Any) -> Any:
+    """A ``torch._foreach_*_`` op, returning its (updated) first argument."""
+
+    def apply(x: TensorList, *args: Any, **kwargs: Any) -> TensorList:
+        op(x, *args, **kwargs)
+        return x
+
+    return apply
+
+
+class ForEach:
+    """`InPlace` on lists of tensors: one ``torch._foreach_*`` call per op."""
+
+    neg = staticmethod(_foreach(torch._foreach_neg))
+    abs = staticmethod(_foreach(torch._foreach_abs))
+    sqrt = staticmethod(_foreach(torch._foreach_sqrt))
+    add = staticmethod(_foreach(torch._foreach_add))
+    div = staticmethod(_foreach(torch._foreach_div))
+    add_ = staticmethod(_foreach_(torch._foreach_add_))
+    mul_ = staticmethod(_foreach_(torch._foreach_mul_))
+    div_ = staticmethod(_foreach_(torch._foreach_div_))
+    sqrt_ = staticmethod(_foreach_(torch._foreach_sqrt_))
+    lerp_ = staticmethod(_foreach_(torch._foreach_lerp_))
+    addcmul_ = staticmethod(_foreach_(torch._foreach_addcmul_))
+    addcdiv_ = staticmethod(_foreach_(torch._foreach_addcdiv_))
+    maximum_ = staticmethod(_foreach_(torch._foreach_maximum_))
+    copy_ = staticmethod(_foreach_(torch._foreach_copy_))
+
+    @staticmethod
+    def decay_(out: TensorList, p: TensorList, factor: Coef) -> TensorList:
+        """`InPlace.decay_` on lists."""
+        torch._foreach_mul_(out, factor)
+        if out is not p:
+            torch._foreach_add_(out, p, alpha=factor - 1)
+        return out
 
 
 def _cast(c: Coef, like: Tensor) -> Coef:

@@ -1,0 +1,179 @@
+"""funcopt on a CUDA GPU (every test is skipped without one).
+
+- The adapter and the functional path against torch.optim on CUDA, over torch's own CUDA
+  table of option combinations (capturable, foreach, differentiable, Tensor lr, ...).
+- Checkpoints moved between CUDA and CPU resume as torch's do.
+- torch.func (grad, vmap) through CUDA steps, with hyperparameters on the GPU or on the
+  CPU, agrees with the same computation on the CPU.
+- torch.compile (inductor, so Triton kernels) of the pure step and of the adapter's step.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from helpers import ALGORITHMS, INFOS, assert_same, factory, fo_cls, functional_kwargs, make_params, torch_cls
+from torch.func import grad, vmap
+from torch.testing._internal.common_optimizers import _get_optim_inputs_including_global_cliquey_kwargs
+
+import funcopt as fo
+
+CUDA = torch.cuda.is_available()
+pytestmark = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+F64 = torch.float64
+STEPS = 6
+
+
+def cuda_inputs(name: str) -> list[tuple[str, dict]]:
+    """torch's CUDA configurations for `name`, implementation flags included, plus each
+    configuration on the for-loop path (torch's CUDA default is foreach)."""
+    info = INFOS[name]
+    table = _get_optim_inputs_including_global_cliquey_kwargs("cuda", torch.float32, info)
+    out = [(i.desc, copy.deepcopy(i.kwargs)) for i in table]
+    out += [(f"{i.desc} & for-loop", {**i.kwargs, "foreach": False}) for i in info.optim_inputs_func("cuda")]
+    return out
+
+
+CASES = [(n, d, k) for n in ALGORITHMS for d, k in cuda_inputs(n)] if CUDA else []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64], ids=str)
+@pytest.mark.parametrize("name,desc,kwargs", CASES, ids=[f"{n}-{d}" for n, d, _ in CASES])
+def test_matches_torch_on_cuda(name, desc, kwargs, dtype):
+    differentiable = kwargs.get("differentiable", False)
+    if dtype.is_complex and (differentiable or kwargs.get("fused")):
+        pytest.skip("torch supports neither complex differentiable nor complex fused steps")
+    base = [p.cuda() for p in make_params(dtype)]
+
+    def leaves():
+        ps = [p.clone().requires_grad_() for p in base]
+        # torch's differentiable step updates params in place inside the graph: non-leaves
+        return [p.clone() for p in ps] if differentiable else ps
+
+    ref_params, our_params = leaves(), leaves()
+    ref, ours = torch_cls(name)(ref_params, **kwargs), fo_cls(name)(our_params, **kwargs)
+    tx = factory(name)(**functional_kwargs(kwargs))
+    f_params, f_state = list(base), tx.init(list(base))
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for step in range(STEPS):
+        grads = [torch.randn(p.shape, generator=gen, device="cuda", dtype=dtype) for p in base]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # .grad of a non-leaf (differentiable)
+            for ps in (ref_params, our_params):
+                for p, g in zip(ps, grads):
+                    p.grad = g.clone()
+        ref.step()
+        ours.step()
+        assert_same(our_params, ref_params, f"params after step {step}")
+        assert_same(ours.state_dict(), ref.state_dict(), f"state_dict after step {step}")
+        updates, f_state = tx.update(grads, f_state, f_params)
+        f_params = fo.apply_updates(f_params, updates)
+        assert_same(f_params, ref_params, f"functional params after step {step}")
+
+
+@pytest.mark.parametrize("source,target", [("cuda", "cpu"), ("cpu", "cuda")])
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_checkpoint_moves_between_devices(name, source, target):
+    """Trained on one device, resumed on the other: funcopt resumes as torch.optim does,
+    and a checkpoint of either library loads into the other."""
+    gen = torch.Generator().manual_seed(0)
+    base = make_params(torch.float32)
+    grads = [[torch.randn(p.shape, generator=gen) for p in base] for _ in range(6)]
+
+    def run(cls, device, steps, checkpoint=None):
+        params = [p.to(device, copy=True).requires_grad_() for p in base]
+        opt = cls(name)(params)
+        if checkpoint is not None:
+            opt.load_state_dict(copy.deepcopy(checkpoint))
+        for gs in steps:
+            for p, g in zip(params, gs):
+                p.grad = g.to(device)
+            opt.step()
+        return params, opt
+
+    ours_before, ours_opt = run(fo_cls, source, grads[:3])
+    ref_before, ref_opt = run(torch_cls, source, grads[:3])
+    assert_same(ours_opt.state_dict(), ref_opt.state_dict())
+    for checkpoint in (ours_opt.state_dict(), ref_opt.state_dict()):
+        ours, ours_opt = run(fo_cls, target, grads[3:], checkpoint)
+        ref, ref_opt = run(torch_cls, target, grads[3:], checkpoint)
+        assert_same(ours, ref)
+        assert_same(ours_opt.state_dict(), ref_opt.state_dict())
+
+
+HYPER = {"Adadelta": {"lr": 0.5}, "Adagrad": {"lr": 0.1}, "Adamax": {"lr": 0.05}, "NAdam": {"lr": 0.05}}
+
+
+def problem(device):
+    g = torch.Generator().manual_seed(0)
+    params = {"w": torch.randn(4, 3, generator=g, dtype=F64), "b": torch.randn(3, generator=g, dtype=F64)}
+    x, y = torch.randn(16, 4, generator=g, dtype=F64), torch.randn(16, 3, generator=g, dtype=F64)
+    return {k: v.to(device) for k, v in params.items()}, x.to(device), y.to(device)
+
+
+def loss_fn(params, x, y):
+    return (torch.tanh(x @ params["w"] + params["b"]) - y).pow(2).mean()
+
+
+def trained_loss(name, lr, device, steps=3):
+    params, x, y = problem(device)
+    adapted, _, _ = fo.inner_loop(loss_fn, params, factory(name)(lr=lr, weight_decay=0.05), [(x, y)] * steps)
+    return loss_fn(adapted, x, y)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_hypergradients_and_vmap_on_cuda_match_cpu(name):
+    """grad and vmap over lr through 3 CUDA steps agree with the CPU, with the lr tensor
+    on the GPU or left on the CPU (a 0-d CPU tensor mixes with CUDA tensors)."""
+    lr = torch.tensor(HYPER[name]["lr"], dtype=F64)
+    on_cpu = lambda lr: trained_loss(name, lr, "cpu")  # noqa: E731
+    on_cuda = lambda lr: trained_loss(name, lr, "cuda")  # noqa: E731
+    expected_loss, expected_grad = on_cpu(lr), grad(on_cpu)(lr)
+    for lr_device in ("cuda", "cpu"):
+        torch.testing.assert_close(on_cuda(lr.to(lr_device)).cpu(), expected_loss)
+        torch.testing.assert_close(grad(on_cuda)(lr.to(lr_device)).cpu(), expected_grad)
+    lrs = torch.linspace(0.5, 1.5, 4, dtype=F64) * lr
+    torch.testing.assert_close(vmap(on_cuda)(lrs.cuda()).cpu(), torch.stack([on_cpu(v) for v in lrs]))
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_compiled_steps_on_cuda(name):
+    """Inductor on CUDA: the pure step (fullgraph, no recompile after the first call) and
+    torch.compile(optimizer.step) give the eager results."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(0)
+    base = [p.cuda() for p in make_params(torch.float32)]
+    grads = [[torch.randn(p.shape, generator=gen).cuda() for p in base] for _ in range(4)]
+    tx = factory(name)(weight_decay=0.05)
+
+    def step(grads, state, params):
+        updates, state = tx.update(grads, state, params)
+        return fo.apply_updates(params, updates), state
+
+    compiled = torch.compile(step, fullgraph=True)
+    eager_p, eager_s = base, tx.init(base)
+    comp_p, comp_s = base, tx.init(base)
+    for i, gs in enumerate(grads):
+        eager_p, eager_s = step(gs, eager_s, eager_p)
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            comp_p, comp_s = compiled(gs, comp_s, comp_p)
+    assert_same(comp_p, eager_p, rtol=1e-5, atol=1e-6)
+    assert_same(list(comp_s), list(eager_s), rtol=1e-5, atol=1e-6)
+
+    ref_params = [p.clone().requires_grad_() for p in base]
+    our_params = [p.clone().requires_grad_() for p in base]
+    ref, ours = torch_cls(name)(ref_params, weight_decay=0.05), fo_cls(name)(our_params, weight_decay=0.05)
+    compiled_step = torch.compile(ours.step)
+    for gs in grads:
+        for ps in (ref_params, our_params):
+            for p, g in zip(ps, gs):
+                p.grad = g.clone()
+        ref.step()
+        compiled_step()
+    assert_same(our_params, ref_params, rtol=1e-5, atol=1e-6)
+    assert_same(ours.state_dict(), ref.state_dict(), rtol=1e-5, atol=1e-6)
