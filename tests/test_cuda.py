@@ -118,8 +118,8 @@ def loss_fn(params, x, y):
     return (torch.tanh(x @ params["w"] + params["b"]) - y).pow(2).mean()
 
 
-def trained_loss(name, lr, device, steps=3):
-    params, x, y = problem(device)
+def trained_loss(name, lr, data, steps=3):
+    params, x, y = data
     adapted, _, _ = fo.inner_loop(loss_fn, params, factory(name)(lr=lr, weight_decay=0.05), [(x, y)] * steps)
     return loss_fn(adapted, x, y)
 
@@ -129,8 +129,9 @@ def test_hypergradients_and_vmap_on_cuda_match_cpu(name):
     """grad and vmap over lr through 3 CUDA steps agree with the CPU, with the lr tensor
     on the GPU or left on the CPU (a 0-d CPU tensor mixes with CUDA tensors)."""
     lr = torch.tensor(HYPER[name]["lr"], dtype=F64)
-    on_cpu = lambda lr: trained_loss(name, lr, "cpu")  # noqa: E731
-    on_cuda = lambda lr: trained_loss(name, lr, "cuda")  # noqa: E731
+    cpu_data, cuda_data = problem("cpu"), problem("cuda")
+    on_cpu = lambda lr: trained_loss(name, lr, cpu_data)  # noqa: E731
+    on_cuda = lambda lr: trained_loss(name, lr, cuda_data)  # noqa: E731
     expected_loss, expected_grad = on_cpu(lr), grad(on_cpu)(lr)
     for lr_device in ("cuda", "cpu"):
         torch.testing.assert_close(on_cuda(lr.to(lr_device)).cpu(), expected_loss)
