@@ -143,8 +143,8 @@ def test_hypergradients_and_vmap_on_cuda_match_cpu(name):
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_compiled_steps_on_cuda(name):
     """Inductor on CUDA: the pure step (fullgraph, no recompile after the first call)
-    gives the eager results, and torch.compile(optimizer.step) gives torch's compiled
-    results (Dynamo makes both optimizers capturable on CUDA: counters on the GPU)."""
+    and torch.compile(optimizer.step) give the eager results. (Under Dynamo, counters
+    may move to the GPU, as torch.optim's do: Dynamo makes optimizers capturable.)"""
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -170,12 +170,13 @@ def test_compiled_steps_on_cuda(name):
     ref_params = [p.clone().requires_grad_() for p in base]
     our_params = [p.clone().requires_grad_() for p in base]
     ref, ours = torch_cls(name)(ref_params, weight_decay=0.05), fo_cls(name)(our_params, weight_decay=0.05)
-    ref_step, our_step = torch.compile(ref.step), torch.compile(ours.step)
+    our_step = torch.compile(ours.step)
     for gs in grads:
         for ps in (ref_params, our_params):
             for p, g in zip(ps, gs):
                 p.grad = g.clone()
-        ref_step()
+        ref.step()
         our_step()
     assert_same(our_params, ref_params, rtol=1e-5, atol=1e-6)
-    assert_same(ours.state_dict(), ref.state_dict(), rtol=1e-5, atol=1e-6)
+    on_cpu = lambda opt: {p: {k: v.cpu() for k, v in s.items()} for p, s in opt.state_dict()["state"].items()}  # noqa: E731
+    assert_same(on_cpu(ours), on_cpu(ref), rtol=1e-5, atol=1e-6)
