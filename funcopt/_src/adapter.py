@@ -277,13 +277,11 @@ def _step_in_place(
             p, g, buffers = local
         if p.is_complex():
             p, g, buffers = as_real(p), as_real(g), [as_real(b) for b in buffers]
-        if g.is_sparse:
-            inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
-        elif inplace.use_lists(p):
+        if not g.is_sparse and inplace.use_lists(p):
             group = lists.setdefault((values, p.dtype, p.device), [[] for _ in range(2 + len(buffers))])
             for column, t in zip(group, (p, g, *buffers)):
                 column.append(t)
-        elif not algorithm.per_element or not inplace.blockable(p, *buffers):
+        elif g.is_sparse or not algorithm.per_element or not inplace.blockable(p, *buffers):
             inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
         elif p.numel() > inplace.SMALL:
             inplace.run_blocks(algorithm, coefficients, hyperparams, p, p, g, buffers)

@@ -129,14 +129,6 @@ def fresh_lists(algorithm: Any, coefficients: Any, hyperparams: Any, columns: Se
     for targets, sources in zip(new, buffers):
         torch._foreach_copy_(targets, sources)
     real = lambda ts: TensorList(as_real(t) for t in ts)  # noqa: E731
-    run(
-        algorithm,
-        coefficients,
-        hyperparams,
-        real(updates),
-        real(ps),
-        real(gs),
-        [real(c) for c in new],
-        ForEach,
-    )
+    run(algorithm, coefficients, hyperparams, real(updates), real(ps), real(gs),
+        [real(c) for c in new], ForEach)  # fmt: skip
     return updates, new
