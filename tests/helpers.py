@@ -87,6 +87,13 @@ def make_params(dtype: torch.dtype, seed: int = 0) -> list[torch.Tensor]:
     ]
 
 
+def trainable(base: list[torch.Tensor], differentiable: bool) -> list[torch.Tensor]:
+    """Params to step, cloned from `base`: leaves that require grad, or non-leaves for
+    torch's differentiable step (it updates params in place inside the graph)."""
+    leaves = [p.clone().requires_grad_() for p in base]
+    return [p.clone() for p in leaves] if differentiable else leaves
+
+
 def assert_matches_torch(
     name: str, kwargs: dict[str, Any], base: list[torch.Tensor], grad_steps, **functional_tol: Any
 ) -> None:

@@ -15,7 +15,17 @@ import warnings
 
 import pytest
 import torch
-from helpers import ALGORITHMS, INFOS, assert_same, factory, fo_cls, functional_kwargs, make_params, torch_cls
+from helpers import (
+    ALGORITHMS,
+    INFOS,
+    assert_same,
+    factory,
+    fo_cls,
+    functional_kwargs,
+    make_params,
+    torch_cls,
+    trainable,
+)
 from torch.func import grad, vmap
 from torch.testing._internal.common_optimizers import _get_optim_inputs_including_global_cliquey_kwargs
 
@@ -47,13 +57,7 @@ def test_matches_torch_on_cuda(name, desc, kwargs, dtype):
     if dtype.is_complex and (differentiable or kwargs.get("fused")):
         pytest.skip("torch supports neither complex differentiable nor complex fused steps")
     base = [p.cuda() for p in make_params(dtype)]
-
-    def leaves():
-        ps = [p.clone().requires_grad_() for p in base]
-        # torch's differentiable step updates params in place inside the graph: non-leaves
-        return [p.clone() for p in ps] if differentiable else ps
-
-    ref_params, our_params = leaves(), leaves()
+    ref_params, our_params = trainable(base, differentiable), trainable(base, differentiable)
     ref, ours = torch_cls(name)(ref_params, **kwargs), fo_cls(name)(our_params, **kwargs)
     tx = factory(name)(**functional_kwargs(kwargs))
     f_params, f_state = list(base), tx.init(list(base))

@@ -23,6 +23,7 @@ from helpers import (
     make_params,
     optim_inputs,
     torch_cls,
+    trainable,
 )
 
 import funcopt as fo
@@ -32,12 +33,6 @@ CASES = [(name, desc, kwargs) for name in ALGORITHMS for desc, kwargs in optim_i
 DTYPES = [torch.float32, torch.float64, torch.complex64]
 STEPS = 12
 NO_GRAD = {3: {0, 1, 2, 3}, 7: {1, 3}}  # step -> params without a gradient
-
-
-def _leaves(base: list[torch.Tensor], differentiable: bool) -> list[torch.Tensor]:
-    leaves = [p.clone().requires_grad_() for p in base]
-    # torch's differentiable step updates params in place inside the graph: non-leaves.
-    return [p.clone() for p in leaves] if differentiable else leaves
 
 
 @pytest.fixture(params=["default", "segments", "lists", "traced"])
@@ -63,8 +58,8 @@ def test_matches_torch(name, desc, kwargs, dtype, path):
     if dtype.is_complex and differentiable:
         pytest.skip("torch does not test complex with differentiable=True (pytorch#116490)")
     base = make_params(dtype)
-    ref_params = _leaves(base, differentiable)
-    our_params = _leaves(base, differentiable)
+    ref_params = trainable(base, differentiable)
+    our_params = trainable(base, differentiable)
     ref = torch_cls(name)(ref_params, **kwargs)
     ours = fo_cls(name)(our_params, **kwargs)
     assert_same(ours.state_dict(), ref.state_dict(), "state_dict at construction")
