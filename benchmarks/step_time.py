@@ -113,7 +113,7 @@ def main() -> None:
     small = sum(torch.Size(s).numel() < 4096 for s in shapes)
     where = (
         torch.cuda.get_device_name(args.device)
-        if sync is torch.cuda.synchronize
+        if torch.device(args.device).type == "cuda"
         else f"{torch.get_num_threads()} threads"
     )
     print(f"torch {torch.__version__}, {where}")
