@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import optree
 import torch
@@ -157,10 +157,25 @@ class Optimizer(torch.optim.Optimizer):
                 loss = closure()
         with torch.set_grad_enabled(bool(self.defaults.get("differentiable", False))):
             for group in self.param_groups:
-                params = [p for p in group["params"] if p.grad is not None]
+                params: list[Tensor] = []
+                grads: list[Tensor] = []
+                self._init_group(group, params, grads)
                 if params:
-                    self._step_group(group, params)
+                    self._step_group(group, params, grads)
         return loss
+
+    def _init_group(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> None:
+        """Collect a group's params that have a gradient, and their gradients, and
+        create their state where it is missing. torch.compile runs a method of this
+        name eagerly while it traces a step (as for torch.optim's classes), so the
+        first compiled step already sees the state and a second step does not
+        recompile."""
+        for p in group["params"]:
+            if p.grad is not None:
+                params.append(p)
+                grads.append(p.grad)
+                if not self.state[p]:
+                    self.state[p].update(self._new_state(p, group))
 
     @staticmethod
     def _on_device(group: dict[str, Any]) -> bool:
@@ -186,12 +201,8 @@ class Optimizer(torch.optim.Optimizer):
         slots, _ = _slots(self._make_transform(hyperparams).init({"0": p}))
         return {name: leaf["0"] if per_param else leaf for name, per_param, leaf in slots}
 
-    def _step_group(self, group: dict[str, Any], params: list[Tensor]) -> None:
-        grads = [cast(Tensor, p.grad) for p in params]  # the params with a gradient
+    def _step_group(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> None:
         states = [self.state[p] for p in params]
-        for p, state in zip(params, states):
-            if not state:
-                state.update(self._new_state(p, group))
         if group.get("fused"):
             for p, g in zip(params, grads):
                 _check_fused(p, g)
@@ -377,11 +388,12 @@ def _assign(state: dict[str, Any], name: str, value: Any) -> None:
         and isinstance(value, Tensor)
         and old.shape == value.shape
         and not value.is_sparse
-        # torch 2.13's compiler can drop an in-place write to a 0-d float64 CPU input
-        # (it takes the tensor for a Python float): compiled steps replace every 0-d
-        # state tensor (counters, and the buffers of 0-d params) instead
-        and not (old.dim() == 0 and torch.compiler.is_compiling())
     ):
+        if old.dim() == 0:
+            # torch 2.13's compiler can drop an in-place write to a 0-d float64 CPU
+            # input (counters, the buffers of 0-d params), but not one through a view.
+            # The same tensor must be written: a compiled step guards on its identity.
+            old, value = old.view(1), value.view(1)
         old.copy_(value)
     else:
         state[name] = value
