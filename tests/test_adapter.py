@@ -376,6 +376,34 @@ def test_capturable_on_cpu_is_rejected(name):
             cls([p], capturable=True).step()
 
 
+@pytest.mark.parametrize("name", [n for n in ALGORITHMS if n != "Adagrad"])  # torch's Adagrad: no capturable
+def test_capturable_step_reads_nothing_on_the_host(name, monkeypatch):
+    """A capturable step must not read a tensor's value in Python (``.item()`` syncs with
+    the GPU and breaks CUDA-graph capture). Checked on the CPU with the device check
+    lifted and ``.item()`` forbidden; tests/test_cuda.py replays a real CUDA graph."""
+    from funcopt._src import adapter
+
+    def twin_step(cls, forbid):
+        torch.manual_seed(0)
+        m = model()
+        opt = cls(m.parameters(), lr=0.1, weight_decay=0.1, capturable=forbid)
+        x, y = data()
+        for _ in range(3):
+            opt.zero_grad()
+            loss_fn(m, x, y).backward()
+            with monkeypatch.context() as patch:
+                if forbid:
+                    patch.setattr(
+                        torch.Tensor, "item", lambda self: pytest.fail("item() in a capturable step")
+                    )
+                opt.step()
+        return list(m.parameters())
+
+    monkeypatch.setattr(adapter, "_check_capturable", lambda params: None)
+    ours = twin_step(fo_cls(name), forbid=True)
+    assert_same(ours, twin_step(torch_cls(name), forbid=False), rtol=1e-5, atol=1e-6)  # same math
+
+
 def _diff_fn(p, grad, state, cls, kwargs, *ignored):
     """torch's TestDifferentiableOptimizer: a step as a function of param, grad and state."""
     p = p.clone()

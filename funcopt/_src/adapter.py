@@ -11,17 +11,22 @@ Two ways to step a param group:
   Per param the counters are read as Python floats, the algorithm's ``schedule``
   runs in double precision, and its ``elementwise`` math runs with `InPlace` ops
   (on the CPU) or `ForEach` ops (on GPUs).
-- functional path, for anything else (chains, user transformations) and for
-  ``capturable``, ``differentiable`` or compiled steps: the group's state is
-  assembled from the per-param dicts, the pure ``update`` runs, then the new state is
-  copied back into those dicts and the updates are added to the params.
+- pure path, for ``capturable``, ``differentiable`` or compiled steps of the funcopt
+  algorithms: the algorithm's pure update runs on the group's lists of params, grads
+  and state tensors (``Algorithm.update_leaves``, no pytree), then the new state is
+  copied into the per-param dicts and the updates are added to the params.
+- functional path, for anything else (chains, user transformations): the same, with
+  the group's state assembled into the transformation's pytree for its ``update``.
+
+A compiled step compiles once: the state is created in ``_init_group``, which
+torch.compile runs eagerly while it traces (as it does for torch.optim's classes).
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import optree
 import torch
@@ -29,7 +34,7 @@ from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
 from . import inplace
-from .algorithm import Algorithm, Hyperparams, scalar_dtype
+from .algorithm import Algorithm, Hyperparams, normalize, scalar_dtype
 from .base import GradientTransformation, as_real
 
 try:
@@ -218,6 +223,10 @@ class Optimizer(torch.optim.Optimizer):
         ):
             hyperparams = {k: _to_python(v) for k, v in hyperparams.items()}
             _step_in_place(algorithm, hyperparams, params, grads, states)
+        elif algorithm is not None:
+            _step_pure(
+                algorithm, normalize(hyperparams), params, grads, states, bool(group.get("capturable"))
+            )
         else:
             self._step_functional(self._make_transform(hyperparams), params, grads, states)
 
@@ -316,6 +325,27 @@ def _step_in_place(
         for j, value in enumerate(new_values):
             column = [c[j] for c in counters[values]]
             torch._foreach_copy_(column, [torch.tensor(value, dtype=torch.float64)] * len(column))
+
+
+def _step_pure(
+    algorithm: Algorithm,
+    hyperparams: Hyperparams,
+    params: list[Tensor],
+    grads: list[Tensor],
+    states: list[dict[str, Any]],
+    capturable: bool,
+) -> None:
+    """The algorithm's pure update on the group's lists (traceable: for capturable,
+    differentiable and compiled steps), its results then written into the state and
+    the params. A capturable step reads no value on the host, so a CUDA graph can
+    record it."""
+    columns = [[state[name] for state in states] for name in algorithm.fields]
+    updates, new_columns = algorithm.update_leaves(hyperparams, params, grads, columns, capturable)
+    for name, column in zip(algorithm.fields, new_columns):
+        for state, value in zip(states, column):
+            _assign(state, name, value)
+    for p, u in zip(params, updates):
+        p.add_(cast(Tensor, u))
 
 
 def _local_shards(p: Tensor, g: Tensor, buffers: list[Tensor]) -> tuple[Tensor, Tensor, list[Tensor]] | None:

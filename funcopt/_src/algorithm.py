@@ -215,8 +215,25 @@ class Algorithm:
                 f"pass the {self.state.__name__} that init returned"
             )
         columns: list[list[Any]] = [treedef.flatten_up_to(column) for column in state]
-        traced = tracing()
-        eager = plain_eager(hyperparams, g_leaves, p_leaves, *columns)
+        updates, new_columns = self.update_leaves(hyperparams, p_leaves, g_leaves, columns)
+        return treedef.unflatten(updates), self.state(*(treedef.unflatten(c) for c in new_columns))
+
+    def update_leaves(
+        self,
+        hyperparams: Hyperparams,
+        p_leaves: Sequence[Tensor | None],
+        g_leaves: Sequence[Tensor | None],
+        columns: Sequence[Sequence[Any]],
+        traceable: bool = False,
+    ) -> tuple[list[Tensor | None], list[list[Any]]]:
+        """`update` on flat lists: the leaves of params and grads, and one list per state
+        field (``columns[j][i]`` is field j of leaf i). Returns the updates and the new
+        columns. The adapters call it directly, with no pytree to flatten.
+
+        `traceable` forces what tracing implies: the schedule stays in tensors and no
+        value is read on the host (a capturable step, which a CUDA graph may record)."""
+        traced = traceable or tracing()
+        eager = not traced and plain_eager(hyperparams, g_leaves, p_leaves, *columns)
         new_columns = [list(column) for column in columns]
         k = len(self.counters)
         schedules: list[tuple[tuple[Any, ...], Any]] = []  # (counters, schedule)
@@ -228,12 +245,15 @@ class Algorithm:
                 continue
             self.check_grad(g)
             counters = tuple(column[i] for column in columns[:k])
-            # Leaves share their counter tensors (see init): compute each schedule once.
-            # Identity, not id(): torch.compile would guard on id values and recompile.
-            schedule = next((s for seen, s in schedules if all(a is b for a, b in zip(seen, counters))), None)
-            if schedule is None:
+            # Leaves share their counter tensors (see init): the schedule is computed once
+            # per run of leaves with the same counters. Compared by identity, not id()
+            # (torch.compile would guard on id values), and with the last run only (a
+            # search of all would make tracing quadratic in the number of leaves).
+            if schedules and all(a is b for a, b in zip(schedules[-1][0], counters)):
+                schedule = schedules[-1][1]
+            else:
                 schedule = self._schedule(counters, hyperparams, traced)
-                schedules.append((counters, schedule))
+                schedules.append((counters, schedule))  # kept alive: `lists` keys on id()
             new, coefficients = schedule
             for column, value in zip(new_columns, new):
                 column[i] = value
@@ -269,7 +289,7 @@ class Algorithm:
                 updates[i] = outs[j]
                 for column, values in zip(new_columns[k:], new_buffers):
                     column[i] = values[j]
-        return treedef.unflatten(updates), self.state(*(treedef.unflatten(c) for c in new_columns))
+        return updates, new_columns
 
     def _schedule(
         self, counters: tuple[Tensor, ...], hyperparams: Hyperparams, traced: bool
