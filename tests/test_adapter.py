@@ -378,9 +378,10 @@ def test_capturable_on_cpu_is_rejected(name):
 
 @pytest.mark.parametrize("name", [n for n in ALGORITHMS if n != "Adagrad"])  # torch's Adagrad: no capturable
 def test_capturable_step_reads_nothing_on_the_host(name, monkeypatch):
-    """A capturable step must not read a tensor's value in Python (``.item()`` syncs with
-    the GPU and breaks CUDA-graph capture). Checked on the CPU with the device check
-    lifted and ``.item()`` forbidden; tests/test_cuda.py replays a real CUDA graph."""
+    """A capturable step must not read a tensor's value in Python (that syncs with the
+    GPU and breaks CUDA-graph capture). Checked on the CPU with the device check lifted
+    and every way of reading a value forbidden; tests/test_cuda.py replays a real CUDA
+    graph."""
     from funcopt._src import adapter
 
     def twin_step(cls, forbid):
@@ -392,9 +393,9 @@ def test_capturable_step_reads_nothing_on_the_host(name, monkeypatch):
             opt.zero_grad()
             loss_fn(m, x, y).backward()
             with monkeypatch.context() as patch:
-                if forbid:
+                for reader in ("item", "tolist", "__float__", "__int__", "__bool__") if forbid else ():
                     patch.setattr(
-                        torch.Tensor, "item", lambda self: pytest.fail("item() in a capturable step")
+                        torch.Tensor, reader, lambda self, r=reader: pytest.fail(f"{r} in a capturable step")
                     )
                 opt.step()
         return list(m.parameters())
