@@ -14,10 +14,15 @@ the same run.
    otherwise pay for its fresh outputs. For reference it also times the same compiled
    update with its results copied back into the inputs (in place, not pure).
 
-With ``--device cuda`` the compiled-step section runs on the GPU (once: the allocator
+4. With ``--compiled-adapter``: ``torch.compile(optimizer.step)`` of funcopt's adapter
+   against torch.optim's compiled step, on the same parameter set, with the time of the
+   first (compiling) step of each, each with an empty inductor cache. No target; it
+   takes several minutes.
+
+With ``--device cuda`` sections 3 and 4 run on the GPU (section 3 once: the allocator
 settings concern the CPU); sections 1 and 2 stay on the CPU.
 
-    python benchmarks/torch_func.py [--skip-compile] [--algorithms NAdam,Adamax] [--device cuda]
+    python benchmarks/torch_func.py [--skip-compile] [--compiled-adapter] [--algorithms NAdam,Adamax] [--device cuda]
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ from __future__ import annotations
 import argparse
 import ctypes
 import functools
+import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -246,24 +253,57 @@ def compile_benchmark(rounds: int, algorithms: list[str], allocator: str, device
         )
 
 
+# -- 4. compiled adapter step -------------------------------------------------------
+
+
+def compiled_adapter_benchmark(rounds: int, algorithms: list[str], device: str = "cpu") -> None:
+    shapes = benchmark_shapes()
+    sync = synchronizer(device)
+    print(f"4. torch.compile(optimizer.step), funcopt's adapter against torch.optim's, on {device}:")
+    for name in algorithms:
+        fns, first_s = {}, {}
+        for label, cls in (("funcopt", getattr(fo, name)), ("torch", getattr(torch.optim, name))):
+            ps, gs = make_params(shapes, device=device)
+            ps = [torch.nn.Parameter(p) for p in ps]
+            for p, g in zip(ps, gs):
+                p.grad = g
+            fns[label] = torch.compile(cls(ps).step)
+            with tempfile.TemporaryDirectory() as cache:  # a cold inductor cache: a fair first step
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+                t0 = time.perf_counter()
+                fns[label]()
+                sync()
+                first_s[label] = time.perf_counter() - t0
+        t = interleaved(fns, rounds, sync=sync)
+        print(
+            f"   {name:9} funcopt {t['funcopt'] * 1e3:6.1f} ms, torch {t['torch'] * 1e3:6.1f} ms "
+            f"-> {t['funcopt'] / t['torch']:.2f}x; first step (compiling, cold cache) "
+            f"{first_s['funcopt']:.0f} s vs {first_s['torch']:.0f} s",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--skip-compile", action="store_true")
+    parser.add_argument("--compiled-adapter", action="store_true", help="also run section 4")
     parser.add_argument("--algorithms", default="Adadelta,Adagrad,Adamax,NAdam")
     parser.add_argument("--device", default="cpu", help="where the compiled-step section runs")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     sweep_benchmark(max(3, args.rounds // 2))
     maml_benchmark(args.rounds)
+    algorithms = args.algorithms.split(",")
     if not args.skip_compile:
-        algorithms = args.algorithms.split(",")
         if torch.device(args.device).type != "cpu":
             compile_benchmark(args.rounds, algorithms, torch.cuda.get_device_name(args.device), args.device)
-            return
-        compile_benchmark(args.rounds, algorithms, "glibc's default allocator settings")
-        if keep_freed_memory():
-            compile_benchmark(args.rounds, algorithms, "freed memory kept in the process")
+        else:
+            compile_benchmark(args.rounds, algorithms, "glibc's default allocator settings")
+            if keep_freed_memory():
+                compile_benchmark(args.rounds, algorithms, "freed memory kept in the process")
+    if args.compiled_adapter:
+        compiled_adapter_benchmark(args.rounds, algorithms, args.device)
 
 
 if __name__ == "__main__":
