@@ -25,8 +25,8 @@ torch.compile runs eagerly while it traces (as it does for torch.optim's classes
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
-from typing import Any, cast
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import optree
 import torch
@@ -253,12 +253,11 @@ class Optimizer(torch.optim.Optimizer):
         state = treedef.unflatten(leaves)
         updates, new_state = transform.update(dict(zip(keys, grads)), state, dict(zip(keys, params)))
         new_leaves = treedef.flatten_up_to(new_state)
-        for (name, per_param, _), leaf in zip(slots, new_leaves):
-            for key, s in zip(keys, states):
-                _assign(s, name, leaf[key] if per_param else leaf)
-        for key, p in zip(keys, params):
-            if updates[key] is not None:
-                p.add_(updates[key])
+        columns = [
+            (name, [leaf[key] for key in keys] if per_param else [leaf] * len(keys))
+            for (name, per_param, _), leaf in zip(slots, new_leaves)
+        ]
+        _write_back(params, states, columns, [updates[key] for key in keys])
 
 
 def _step_in_place(
@@ -341,11 +340,23 @@ def _step_pure(
     record it."""
     columns = [[state[name] for state in states] for name in algorithm.fields]
     updates, new_columns = algorithm.update_leaves(hyperparams, params, grads, columns, capturable)
-    for name, column in zip(algorithm.fields, new_columns):
-        for state, value in zip(states, column):
+    _write_back(params, states, zip(algorithm.fields, new_columns), updates)
+
+
+def _write_back(
+    params: list[Tensor],
+    states: list[dict[str, Any]],
+    columns: Iterable[tuple[str, Sequence[Any]]],
+    updates: Sequence[Tensor | None],
+) -> None:
+    """A pure step's results, written where torch keeps them: each (name, values) column
+    gives that entry of every param's state dict; the updates are added to the params."""
+    for name, values in columns:
+        for state, value in zip(states, values):
             _assign(state, name, value)
     for p, u in zip(params, updates):
-        p.add_(cast(Tensor, u))
+        if u is not None:
+            p.add_(u)
 
 
 def _local_shards(p: Tensor, g: Tensor, buffers: list[Tensor]) -> tuple[Tensor, Tensor, list[Tensor]] | None:

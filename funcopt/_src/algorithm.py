@@ -236,7 +236,7 @@ class Algorithm:
         eager = not traced and plain_eager(hyperparams, g_leaves, p_leaves, *columns)
         new_columns = [list(column) for column in columns]
         k = len(self.counters)
-        schedules: list[tuple[tuple[Any, ...], Any]] = []  # (counters, schedule)
+        last: tuple[tuple[Any, ...], Any] | None = None  # the previous leaf's (counters, schedule)
         lists: dict[Any, tuple[Any, list[int], list[list[Tensor]]]] = {}  # see inplace.use_lists
         updates: list[Tensor | None] = []
         for i, (p, g) in enumerate(zip(p_leaves, g_leaves)):
@@ -249,19 +249,19 @@ class Algorithm:
             # per run of leaves with the same counters. Compared by identity, not id()
             # (torch.compile would guard on id values), and with the last run only (a
             # search of all would make tracing quadratic in the number of leaves).
-            if schedules and all(a is b for a, b in zip(schedules[-1][0], counters)):
-                schedule = schedules[-1][1]
+            if last is not None and all(a is b for a, b in zip(last[0], counters)):
+                schedule = last[1]
             else:
                 schedule = self._schedule(counters, hyperparams, traced)
-                schedules.append((counters, schedule))  # kept alive: `lists` keys on id()
+                last = (counters, schedule)
             new, coefficients = schedule
             for column, value in zip(new_columns, new):
                 column[i] = value
             buffers = [column[i] for column in columns[k:]]
             if eager and p is not None and not g.is_sparse and inplace.use_lists(p):
                 # a GPU: the group's math runs with foreach ops after this loop
-                _, indices, group = lists.setdefault(
-                    (id(schedule), p.dtype, p.device),
+                _, indices, group = lists.setdefault(  # the value keeps the coefficients (the key's id) alive
+                    (id(coefficients), p.dtype, p.device),
                     (coefficients, [], [[] for _ in range(2 + len(buffers))]),
                 )
                 indices.append(i)
