@@ -53,6 +53,15 @@ def make_params(shapes, seed=0, device="cpu"):
     return params, grads
 
 
+def make_trainable(shapes, device="cpu") -> list[torch.nn.Parameter]:
+    """`make_params` as Parameters, each with its gradient in ``.grad``."""
+    params, grads = make_params(shapes, device=device)
+    params = [torch.nn.Parameter(p) for p in params]
+    for p, g in zip(params, grads):
+        p.grad = g
+    return params
+
+
 def synchronizer(device: str):
     """What to call before reading the clock: a step on a GPU only queues its kernels."""
     return torch.cuda.synchronize if torch.device(device).type == "cuda" else lambda: None
@@ -63,12 +72,7 @@ def contenders(name: str, shapes, device="cpu") -> dict[str, callable]:
     out = {}
 
     def adapter_like(label, make):
-        params, grads = make_params(shapes, device=device)
-        params = [torch.nn.Parameter(p) for p in params]
-        for p, g in zip(params, grads):
-            p.grad = g
-        opt = make(params)
-        out[label] = opt.step
+        out[label] = make(make_trainable(shapes, device)).step
 
     adapter_like("torch", lambda ps: getattr(torch.optim, name)(ps, foreach=False))
     adapter_like("torch foreach", lambda ps: getattr(torch.optim, name)(ps, foreach=True))

@@ -51,7 +51,7 @@ import funcopt as fo
 from funcopt.demo import sinusoid_model, sinusoid_tasks
 
 sys.path.insert(0, str(Path(__file__).parent))
-from step_time import benchmark_shapes, make_params, synchronizer  # noqa: E402
+from step_time import benchmark_shapes, make_params, make_trainable, synchronizer  # noqa: E402
 
 
 def median_time(fn, rounds, warmup=2):
@@ -236,11 +236,7 @@ def compile_benchmark(rounds: int, algorithms: list[str], allocator: str, device
 
         fns = {"compiled": compiled_step, "in place": in_place_step}
         for label, foreach in (("torch", False), ("torch foreach", True)):
-            ps, gs = make_params(shapes, device=device)
-            ps = [torch.nn.Parameter(p) for p in ps]
-            for p, g in zip(ps, gs):
-                p.grad = g
-            fns[label] = getattr(torch.optim, name)(ps, foreach=foreach).step
+            fns[label] = getattr(torch.optim, name)(make_trainable(shapes, device), foreach=foreach).step
         t = interleaved(fns, rounds, sync=sync)
         best = min(t["torch"], t["torch foreach"])
         print(
@@ -263,11 +259,7 @@ def compiled_adapter_benchmark(rounds: int, algorithms: list[str], device: str =
     for name in algorithms:
         fns, first_s = {}, {}
         for label, cls in (("funcopt", getattr(fo, name)), ("torch", getattr(torch.optim, name))):
-            ps, gs = make_params(shapes, device=device)
-            ps = [torch.nn.Parameter(p) for p in ps]
-            for p, g in zip(ps, gs):
-                p.grad = g
-            fns[label] = torch.compile(cls(ps).step)
+            fns[label] = torch.compile(cls(make_trainable(shapes, device)).step)
             with tempfile.TemporaryDirectory() as cache:  # a cold inductor cache: a fair first step
                 os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
                 t0 = time.perf_counter()

@@ -174,8 +174,8 @@ def test_compiled_steps_on_cuda(name):
     on_cpu = lambda opt: {p: {k: v.cpu() for k, v in s.items()} for p, s in opt.state_dict()["state"].items()}  # noqa: E731
     for first_compiled in (0, 1):  # compiled from the first step, or after an eager one
         torch._dynamo.reset()
-        ref_params = [p.clone().requires_grad_() for p in base]
-        our_params = [p.clone().requires_grad_() for p in base]
+        ref_params = trainable(base, differentiable=False)
+        our_params = trainable(base, differentiable=False)
         ref, ours = (
             torch_cls(name)(ref_params, weight_decay=0.05),
             fo_cls(name)(our_params, weight_decay=0.05),
@@ -200,8 +200,8 @@ def test_capturable_step_replays_in_a_cuda_graph(name):
     gen = torch.Generator().manual_seed(0)
     base = [p.cuda() for p in make_params(torch.float32)]
     grads = [[torch.randn(p.shape, generator=gen).cuda() for p in base] for _ in range(4)]
-    ref_params = [p.clone().requires_grad_() for p in base]
-    our_params = [p.clone().requires_grad_() for p in base]
+    ref_params = trainable(base, differentiable=False)
+    our_params = trainable(base, differentiable=False)
     ref = torch_cls(name)(ref_params, lr=0.1, capturable=True)
     ours = fo_cls(name)(our_params, lr=0.1, capturable=True)
     for p, g in zip(our_params, grads[0]):
