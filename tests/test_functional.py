@@ -127,6 +127,35 @@ def test_any_pytree_and_state_mirrors_params(name):
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
+def test_compiled_update_keeps_any_pytree(name):
+    """Under torch.compile the pytrees are taken apart and rebuilt another way (with
+    optree.tree_map, which Dynamo runs natively): the same structures, None leaves
+    included, and the eager values, for an algorithm and for a chain with clipping."""
+    import torch._dynamo
+
+    torch.manual_seed(0)
+    params = {
+        "layers": [Layer(torch.randn(3, 2), None), Layer(torch.randn(2, 2), torch.randn(2))],
+        "scale": (torch.randn(()),),
+    }
+    grads = optree.tree_map(lambda p: None if p is None else torch.randn_like(p), params, none_is_leaf=True)
+    grads["layers"][1] = Layer(grads["layers"][1].weight, None)  # a param without a gradient
+    for tx in (factory(name)(weight_decay=0.1), fo.chain(fo.clip_by_global_norm(0.5), factory(name)())):
+
+        def step(grads, state, params, tx=tx):
+            updates, state = tx.update(grads, state, params)
+            return fo.apply_updates(params, updates), state
+
+        torch._dynamo.reset()
+        compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+        expected, got = step(grads, tx.init(params), params), compiled(grads, tx.init(params), params)
+        assert optree.tree_structure(got, none_is_leaf=True) == optree.tree_structure(
+            expected, none_is_leaf=True
+        )
+        assert_same(optree.tree_leaves(got), optree.tree_leaves(expected), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
 def test_none_gradient_skips_the_leaf(name):
     """A None gradient: its update is None and its state, counters included, is kept."""
     params, grads = params_and_grads()

@@ -31,7 +31,16 @@ import torch
 from torch import Tensor
 
 from . import inplace
-from .base import GradientTransformation, Params, State, Updates, as_real, real_dtype, tree_flatten
+from .base import (
+    GradientTransformation,
+    Params,
+    State,
+    Updates,
+    as_real,
+    flatten_together,
+    real_dtype,
+    tree_flatten,
+)
 from .ops import Pure, nonzero
 
 Hyperparams = dict[str, Any]
@@ -200,23 +209,21 @@ class Algorithm:
         state: State,
         params: Params | None = None,
     ) -> tuple[Updates, State]:
-        g_leaves, treedef = tree_flatten(grads)
-        if params is None:
-            if nonzero(hyperparams.get("weight_decay", 0)):
-                raise ValueError(
-                    f"{self.name} with weight_decay needs the params: call update(grads, state, params)"
-                )
-            p_leaves: list[Any] = [None] * len(g_leaves)
-        else:
-            p_leaves = treedef.flatten_up_to(params)
         if not isinstance(state, self.state):
             raise TypeError(
                 f"{self.name} update got a state of type {type(state).__name__}; "
                 f"pass the {self.state.__name__} that init returned"
             )
-        columns: list[list[Any]] = [treedef.flatten_up_to(column) for column in state]
+        if params is None and nonzero(hyperparams.get("weight_decay", 0)):
+            raise ValueError(
+                f"{self.name} with weight_decay needs the params: call update(grads, state, params)"
+            )
+        (g_leaves, *columns), unflatten = flatten_together(
+            grads, *state, *(() if params is None else (params,))
+        )
+        p_leaves: list[Any] = [None] * len(g_leaves) if params is None else columns.pop()
         updates, new_columns = self.update_leaves(hyperparams, p_leaves, g_leaves, columns)
-        return treedef.unflatten(updates), self.state(*(treedef.unflatten(c) for c in new_columns))
+        return unflatten(updates), self.state(*(unflatten(c) for c in new_columns))
 
     def update_leaves(
         self,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import EmptyState, GradientTransformation, Params, State, Updates, real_dtype, tree_flatten
+from .base import EmptyState, GradientTransformation, Params, State, Updates, flatten_together, real_dtype
 
 
 def clip_by_global_norm(max_norm: float | Tensor) -> GradientTransformation:
@@ -29,7 +29,7 @@ def clip_by_global_norm(max_norm: float | Tensor) -> GradientTransformation:
         return EmptyState()
 
     def update(updates: Updates, state: State, params: Params | None = None) -> tuple[Updates, State]:
-        leaves, treedef = tree_flatten(updates)
+        (leaves,), unflatten = flatten_together(updates)
         present = [u for u in leaves if u is not None]
         if not present:
             return updates, state
@@ -38,6 +38,6 @@ def clip_by_global_norm(max_norm: float | Tensor) -> GradientTransformation:
         total = torch.linalg.vector_norm(torch.stack(norms))
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         clipped = [None if u is None else u * coef.to(real_dtype(u)) for u in leaves]
-        return treedef.unflatten(clipped), state
+        return unflatten(clipped), state
 
     return GradientTransformation(init, update)
