@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from funcopt._src.ops import ForEach, InPlace, Pure, TensorList, nonzero
+from funcopt._src import inplace
+from funcopt._src.ops import ForEach, Fresh, InPlace, Pure, TensorList, nonzero
 
 # name, tensor arguments (by shape), coefficients (keyword or trailing positional)
 CASES = [
@@ -86,6 +87,29 @@ def test_pure_accumulates_into_a_zero_update():
     torch.testing.assert_close(x + Pure.decay_(None, x, 0.9), x * 0.9)
     torch.testing.assert_close(Pure.decay_(y, x, 0.9), (x + y) * 0.9 - x)
     torch.testing.assert_close(InPlace.decay_(y.clone(), x, 0.9), (x + y) * 0.9 - x)
+
+
+def test_fresh_memory_stands_for_a_zero_update():
+    """`InPlace` ops given `Fresh` memory (garbage in it) assign to it what they would
+    accumulate into zeros, and return the plain tensor; a step that never writes the
+    update leaves zeros (`inplace.run`)."""
+    x, y = _args(2, (4,), torch.float32)
+    for name, args, kwargs in [("add_", (x,), {"alpha": 0.5}), ("addcdiv_", (x, y), {"value": 2.0})]:
+        memory = torch.full((4,), float("nan"))
+        out = getattr(InPlace, name)(Fresh(memory), *args, **kwargs)
+        assert out is memory
+        torch.testing.assert_close(out, getattr(InPlace, name)(torch.zeros(4), *args, **kwargs))
+    memory = torch.full((4,), float("nan"))
+    torch.testing.assert_close(InPlace.decay_(Fresh(memory), x, 0.9), x * 0.9 - x)
+    torch.testing.assert_close(InPlace.add_(InPlace.add_(Fresh(memory), x), y), x + y)  # then accumulates
+
+    class Untouched:
+        def elementwise(self, o, out, p, g, coefficients):
+            return out, ()
+
+    memory = torch.full((4,), float("nan"))
+    inplace.run(Untouched(), (), {}, Fresh(memory), x, y, [])
+    torch.testing.assert_close(memory, torch.zeros(4))
 
 
 def test_nonzero():

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from .base import as_real
-from .ops import ForEach, InPlace, TensorList
+from .ops import ForEach, Fresh, InPlace, TensorList
 
 SEGMENT = 1 << 19
 """Elements in a flat segment: a block of a large tensor, or a chunk of small ones."""
@@ -43,7 +43,9 @@ def run(algorithm: Any, coefficients: Any, hyperparams: Any, out: Any, p: Any, g
         buffers: Sequence[Any], ops: Any = InPlace) -> None:  # fmt: skip
     """The math on one set of (real) tensors, or with `ForEach` on lists of them: `out`
     and `buffers` are updated in place."""
-    _, new = algorithm.elementwise(ops, out, p, g, *buffers, coefficients, **hyperparams)
+    result, new = algorithm.elementwise(ops, out, p, g, *buffers, coefficients, **hyperparams)
+    if isinstance(result, Fresh):  # the math never wrote the update: it is zero
+        result.memory.zero_()
     for old, value in zip(buffers, new):
         if value is not old:
             ops.copy_(old, value)
@@ -69,7 +71,7 @@ def run_blocks(algorithm: Any, coefficients: Any, hyperparams: Any, out: Tensor,
     """`run`, block by block over flat views of contiguous tensors.
 
     With `sources` the buffers and `out` are fresh memory: each block of a buffer first
-    receives the block of its source, and the block of `out` is zeroed.
+    receives the block of its source, and the block of `out` is passed as `Fresh`.
     """
     flat_p = p.view(-1)
     flat_out = flat_p if out is p else out.view(-1)
@@ -79,12 +81,12 @@ def run_blocks(algorithm: Any, coefficients: Any, hyperparams: Any, out: Tensor,
     for i in range(0, flat_p.numel(), SEGMENT):
         j = i + SEGMENT
         block_p = flat_p[i:j]
-        block_out = block_p if out is p else flat_out[i:j]
+        block_out: Tensor | Fresh = block_p if out is p else flat_out[i:j]
         block_buffers = [b[i:j] for b in flat_buffers]
         if flat_sources is not None:
             for b, s in zip(block_buffers, flat_sources):
                 b.copy_(s[i:j])
-            block_out.zero_()
+            block_out = Fresh(flat_out[i:j])
         run(algorithm, coefficients, hyperparams, block_out, block_p, flat_g[i:j], block_buffers)
 
 

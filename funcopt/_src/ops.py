@@ -14,9 +14,11 @@ Rules the math follows:
   `Pure` returns a new tensor and mutates nothing (the functional path, safe under
   ``torch.func`` and ``torch.compile``). A name without ``_`` always returns a new tensor.
 - ``out`` is where the step accumulates, passed in by the caller: the param itself
-  (the adapters), a fresh zero update (the functional path in plain eager mode), or
-  ``None``, a zero update not yet allocated (`Pure`). Only ``add_``, ``addcdiv_`` and
-  ``decay_`` write to ``out``, and the math reads ``p`` before it writes to ``out``.
+  (the adapters), a zero update in fresh memory (the functional path in plain eager
+  mode: `Fresh` memory on the CPU, zeros in a GPU's lists), or ``None``, a zero update
+  not yet allocated (`Pure`). Only ``add_``, ``addcdiv_`` and ``decay_`` write to
+  ``out``, the math uses the ``out`` they return, and it reads ``p`` before it writes to
+  ``out``.
 - `ForEach` is `InPlace` with every tensor argument a `TensorList`: each op is one
   ``torch._foreach_*`` call for a whole group of params (one kernel launch on a GPU,
   where per-tensor ops are bound by launch overhead). Sparse gradients never take it.
@@ -30,7 +32,7 @@ Rules the math follows:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -61,6 +63,14 @@ def power(base: Coef, exponent: Coef) -> Coef:
     return base**exponent
 
 
+class Fresh(NamedTuple):
+    """``out`` as memory that holds no value yet, standing for a zero update: the first
+    op that writes it assigns its result there, with no pass to zero it first, and
+    returns the plain tensor, which later ops accumulate into."""
+
+    memory: Tensor
+
+
 class InPlace:
     """Overwrites buffers and ``out`` in place; coefficients are Python numbers."""
 
@@ -69,24 +79,36 @@ class InPlace:
     sqrt = staticmethod(torch.sqrt)
     add = staticmethod(torch.add)
     div = staticmethod(torch.div)
-    add_ = staticmethod(Tensor.add_)
     mul_ = staticmethod(Tensor.mul_)
     div_ = staticmethod(Tensor.div_)
     sqrt_ = staticmethod(Tensor.sqrt_)
     lerp_ = staticmethod(Tensor.lerp_)
     addcmul_ = staticmethod(Tensor.addcmul_)
-    addcdiv_ = staticmethod(Tensor.addcdiv_)
 
     copy_ = staticmethod(Tensor.copy_)
+
+    @staticmethod
+    def add_(x: Tensor | Fresh, y: Tensor | Coef, alpha: Coef = 1) -> Tensor:
+        if isinstance(x, Fresh):
+            return torch.mul(y, alpha, out=x.memory)
+        return x.add_(y, alpha=alpha)
+
+    @staticmethod
+    def addcdiv_(x: Tensor | Fresh, a: Tensor, b: Tensor, value: Coef = 1) -> Tensor:
+        if isinstance(x, Fresh):
+            return torch.addcdiv(a.new_zeros(()), a, b, value=value, out=x.memory)
+        return x.addcdiv_(a, b, value=value)
 
     @staticmethod
     def maximum_(x: Tensor, y: Tensor) -> Tensor:
         return torch.maximum(x, y, out=x)
 
     @staticmethod
-    def decay_(out: Tensor, p: Tensor, factor: Coef) -> Tensor:
+    def decay_(out: Tensor | Fresh, p: Tensor, factor: Coef) -> Tensor:
         """Multiply the param by `factor` (decoupled weight decay): `out` is the param,
         or an update to it, which becomes ``(p + out) * factor - p``."""
+        if isinstance(out, Fresh):
+            return torch.mul(p, factor - 1, out=out.memory)
         if out is p:
             return out.mul_(factor)
         return out.mul_(factor).add_(p, alpha=factor - 1)
