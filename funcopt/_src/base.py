@@ -57,7 +57,7 @@ def flatten_together(tree: Any, *others: Any) -> tuple[list[list[Any]], Callable
 
     Under torch.compile it goes through ``optree.tree_map``, which Dynamo runs natively;
     Dynamo traces ``tree_flatten`` and ``unflatten`` through a Python emulation of optree
-    instead, which made up a third of the tracing of an update on 160 leaves (3 s)."""
+    instead, which cost 2.4 s of the 8.7 s it took to trace Adamax's update on 160 leaves."""
     if not torch.compiler.is_compiling():
         leaves, treedef = tree_flatten(tree)
         return [leaves, *(treedef.flatten_up_to(other) for other in others)], treedef.unflatten
