@@ -81,13 +81,13 @@ def run_blocks(algorithm: Any, coefficients: Any, hyperparams: Any, out: Tensor,
     for i in range(0, flat_p.numel(), SEGMENT):
         j = i + SEGMENT
         block_p = flat_p[i:j]
-        block_out: Tensor | Fresh = block_p if out is p else flat_out[i:j]
+        block_out = block_p if out is p else flat_out[i:j]
         block_buffers = [b[i:j] for b in flat_buffers]
         if flat_sources is not None:
             for b, s in zip(block_buffers, flat_sources):
                 b.copy_(s[i:j])
-            block_out = Fresh(flat_out[i:j])
-        run(algorithm, coefficients, hyperparams, block_out, block_p, flat_g[i:j], block_buffers)
+        run(algorithm, coefficients, hyperparams, block_out if flat_sources is None else Fresh(block_out),
+            block_p, flat_g[i:j], block_buffers)  # fmt: skip
 
 
 def run_chunk(algorithm: Any, coefficients: Any, hyperparams: Any,
