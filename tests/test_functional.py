@@ -101,16 +101,22 @@ class Layer(NamedTuple):
     bias: torch.Tensor | None
 
 
-@pytest.mark.parametrize("name", ALGORITHMS)
-def test_any_pytree_and_state_mirrors_params(name):
-    """dicts, lists, nested tuples and NamedTuples; each state field mirrors the params,
-    so the buffer of a param is found by the param's own path."""
+def nested_params_and_grads():
+    """dicts, lists, a tuple and NamedTuples, with a None param (and its None gradient)."""
     torch.manual_seed(0)
     params = {
         "layers": [Layer(torch.randn(3, 2), None), Layer(torch.randn(2, 2), torch.randn(2))],
         "scale": (torch.randn(()),),
     }
     grads = optree.tree_map(lambda p: None if p is None else torch.randn_like(p), params, none_is_leaf=True)
+    return params, grads
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_any_pytree_and_state_mirrors_params(name):
+    """dicts, lists, nested tuples and NamedTuples; each state field mirrors the params,
+    so the buffer of a param is found by the param's own path."""
+    params, grads = nested_params_and_grads()
     tx = factory(name)(weight_decay=0.1)
     state = tx.init(params)
     for field in state:
@@ -133,12 +139,7 @@ def test_compiled_update_keeps_any_pytree(name):
     included, and the eager values, for an algorithm and for a chain with clipping."""
     import torch._dynamo
 
-    torch.manual_seed(0)
-    params = {
-        "layers": [Layer(torch.randn(3, 2), None), Layer(torch.randn(2, 2), torch.randn(2))],
-        "scale": (torch.randn(()),),
-    }
-    grads = optree.tree_map(lambda p: None if p is None else torch.randn_like(p), params, none_is_leaf=True)
+    params, grads = nested_params_and_grads()
     grads["layers"][1] = Layer(grads["layers"][1].weight, None)  # a param without a gradient
     for tx in (factory(name)(weight_decay=0.1), fo.chain(fo.clip_by_global_norm(0.5), factory(name)())):
 
