@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 import re
 
 import pytest
 import torch
-from helpers import ALGORITHMS, INFOS, factory, fo_cls, torch_cls
+from helpers import ALGORITHMS, INFOS, assert_same, factory, fo_cls, torch_cls, trainable
 from torch.testing._internal.common_optimizers import OptimizerErrorEnum
 
 ERROR_CASES = [
@@ -94,11 +95,16 @@ def test_functional_skips_range_checks_on_tensors(name):
 
 @pytest.mark.parametrize("name", ["Adadelta", "Adamax", "NAdam"])
 def test_sparse_gradients_rejected(name):
+    """Before any param changes: here a large param (stepped in blocks) comes first."""
+    dense = torch.nn.Parameter(torch.randn(200, 200))
+    dense.grad = torch.randn_like(dense)
     p = torch.nn.Parameter(torch.randn(4))
     p.grad = torch.randn(4).to_sparse()
+    before = dense.detach().clone()
     for cls in (torch_cls(name), fo_cls(name)):
         with pytest.raises(RuntimeError, match=f"{name} does not support sparse gradients"):
-            cls([p]).step()
+            cls([dense, p]).step()
+        assert torch.equal(dense, before)
     tx = factory(name)()
     with pytest.raises(RuntimeError, match=f"{name} does not support sparse gradients"):
         tx.update([p.grad], tx.init([p.detach()]), [p.detach()])
@@ -155,3 +161,67 @@ def test_optimizer_rejects_non_transform():
 
     with pytest.raises(TypeError, match="GradientTransformation"):
         fo.Optimizer([torch.nn.Parameter(torch.randn(2))], 3)
+
+
+def _stepped_optimizer(name, path, shapes=((200, 200), (5,))):
+    """An optimizer over a large param (stepped in blocks) and a small one, after one
+    step, on the path that `path` names."""
+    import funcopt as fo
+
+    params = trainable([torch.randn(s) for s in shapes], path == "differentiable")
+    for p in params:
+        p.grad = torch.randn_like(p)
+    if path == "chain":
+        opt = fo.Optimizer(params, fo.chain(fo.clip_by_global_norm(1.0), factory(name)()))
+    else:
+        opt = fo_cls(name)(params, differentiable=path == "differentiable")
+    opt.step()
+    return opt, params
+
+
+def _snapshot(opt, params):
+    return [p.detach().clone() for p in params], copy.deepcopy(opt.state_dict()["state"])
+
+
+PATHS = ["in place", "differentiable", "chain"]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_state_without_an_entry(name, path):
+    """A param's state that lacks an entry (edited by hand) raises a KeyError that
+    says so at the step, before any param or state changes."""
+    opt, params = _stepped_optimizer(name, path)
+    state = opt.state[params[1]]
+    del state[next(k for k in state if "step" not in k)]
+    before = _snapshot(opt, params)
+    with pytest.raises(KeyError, match="no entry .* another optimizer"):
+        opt.step()
+    assert_same(_snapshot(opt, params), before)
+
+
+OTHER = {name: ALGORITHMS[(i + 1) % len(ALGORITHMS)] for i, name in enumerate(ALGORITHMS)}
+
+
+@pytest.mark.parametrize("source", ["another optimizer", "other params"])
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_load_state_that_does_not_fit(name, path, source):
+    """load_state_dict refuses a state saved by another optimizer (an entry is missing)
+    or for other params (a buffer's shape differs), and leaves the optimizer as it was.
+    torch loads both; its next step fails after changing the params before the bad one."""
+    opt, params = _stepped_optimizer(name, path)
+    if source == "another optimizer":
+        other = torch_cls(OTHER[name])([torch.nn.Parameter(p.detach().clone()) for p in params])
+        for p in other.param_groups[0]["params"]:
+            p.grad = torch.randn_like(p)
+        other.step()
+        match = "no entry .* saved by another optimizer"
+    else:
+        other, _ = _stepped_optimizer(name, path, shapes=((5,), (200, 200)))
+        match = "has shape \\(5,\\) but its param has shape \\(200, 200\\)"
+    before = _snapshot(opt, params)
+    with pytest.raises(ValueError, match=match):
+        opt.load_state_dict(other.state_dict())
+    assert_same(_snapshot(opt, params), before)
+    opt.step()  # still usable

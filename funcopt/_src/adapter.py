@@ -124,6 +124,8 @@ class Optimizer(torch.optim.Optimizer):
         return {**super().__getstate__(), "_transform": self._transform}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        if "_transform" not in state:  # load_state_dict: check before anything changes
+            self._check_loaded(state["param_groups"], state["state"])
         super().__setstate__(state)
         # Groups saved before a flag existed get the constructor's default for it, as
         # torch's classes do (a generic Optimizer's constructor has no defaults).
@@ -146,6 +148,32 @@ class Optimizer(torch.optim.Optimizer):
                             float(p_state[key]),
                             dtype=scalar_dtype(group.get("fused") or False),
                             device=p.device if self._on_device(group) else None,
+                        )
+
+    def _check_loaded(self, groups: list[dict[str, Any]], states: dict[Tensor, dict[str, Any]]) -> None:
+        """Raise if a loaded param state lacks an entry this optimizer creates, or has a
+        buffer shaped unlike its param: it was saved by another optimizer, or for other
+        params (load_state_dict matches params by their order)."""
+        for group in groups:
+            for p in group["params"]:
+                saved = states.get(p)
+                if not saved:
+                    continue
+                expected = self._new_state(torch.empty(p.shape, dtype=p.dtype, device="meta"), group)
+                missing = [name for name in expected if name not in saved]
+                if missing:
+                    raise ValueError(
+                        f"loaded state of a param of shape {tuple(p.shape)} has no entry "
+                        f"{', '.join(map(repr, missing))} (it has {', '.join(map(repr, saved))}): "
+                        "it was saved by another optimizer. Load a state_dict saved by this one."
+                    )
+                for name, value in expected.items():
+                    shape = getattr(saved[name], "shape", ())
+                    if isinstance(value, Tensor) and value.dim() > 0 and shape != value.shape:
+                        raise ValueError(
+                            f"loaded state entry {name!r} has shape {tuple(shape)} but its param "
+                            f"has shape {tuple(p.shape)}: it was saved for other params "
+                            "(load_state_dict matches params by their order in param_groups)."
                         )
 
     # -- stepping ---------------------------------------------------------------
@@ -246,10 +274,7 @@ class Optimizer(torch.optim.Optimizer):
                 for name, per_param, _ in slots
             ]
         except KeyError as e:
-            raise KeyError(
-                f"optimizer state has no entry {e}: it does not belong to this "
-                "optimizer's transformation (was it loaded from another optimizer?)"
-            ) from None
+            raise _missing_entry(e) from None
         state = treedef.unflatten(leaves)
         updates, new_state = transform.update(dict(zip(keys, grads)), state, dict(zip(keys, params)))
         new_leaves = treedef.flatten_up_to(new_state)
@@ -278,10 +303,15 @@ def _step_in_place(
     lists: dict[Any, list[list[Tensor]]] = {}  # (values, dtype, device) -> tensors (GPUs)
     chunk: list[list[Tensor]] | None
     sizes: dict[Any, int] = {}  # elements in each chunk
-    for p, g, state in zip(params, grads, states):
+    rows = []  # every check comes before any param changes
+    for g, state in zip(grads, states):
         algorithm.check_grad(g)
-        tensors = [state[name] for name in algorithm.fields]
-        values = tuple(c.item() for c in tensors[:k])
+        try:
+            tensors = [state[name] for name in algorithm.fields]
+        except KeyError as e:
+            raise _missing_entry(e) from None
+        rows.append((tensors, tuple(c.item() for c in tensors[:k])))
+    for p, g, (tensors, values) in zip(params, grads, rows):
         if values not in schedules:
             schedules[values] = algorithm.schedule(*values, **hyperparams)
             counters[values] = []
@@ -338,7 +368,10 @@ def _step_pure(
     differentiable and compiled steps), its results then written into the state and
     the params. A capturable step reads no value on the host, so a CUDA graph can
     record it."""
-    columns = [[state[name] for state in states] for name in algorithm.fields]
+    try:
+        columns = [[state[name] for state in states] for name in algorithm.fields]
+    except KeyError as e:
+        raise _missing_entry(e) from None
     updates, new_columns = algorithm.update_leaves(hyperparams, params, grads, columns, capturable)
     _write_back(params, states, zip(algorithm.fields, new_columns), updates)
 
@@ -416,6 +449,16 @@ def _slots(state: Any) -> tuple[list[tuple[str, bool, Any]], optree.PyTreeSpec]:
                     break
         out.append((".".join(parts), _is_per_param(leaf), leaf))
     return out, treedef
+
+
+def _missing_entry(error: KeyError) -> KeyError:
+    """The error for a param's state that lacks an entry the step reads (loads are
+    checked, so the state was edited)."""
+    return KeyError(
+        f"optimizer state has no entry {error}, which this optimizer's step reads: the "
+        "state was edited or made for another optimizer. Restore the entry, or clear "
+        "`optimizer.state[param]` to start that param afresh."
+    )
 
 
 def _assign(state: dict[str, Any], name: str, value: Any) -> None:
