@@ -55,9 +55,7 @@ def _elementwise(
     (clr,) = coefficients
     if maximize:
         g = o.neg(g)
-    if nonzero(weight_decay):
-        if g.is_sparse:
-            raise RuntimeError("weight_decay option is not compatible with sparse gradients")
+    if nonzero(weight_decay):  # never with a sparse gradient (see Algorithm.check_grad)
         g = o.add(g, p, alpha=weight_decay)
     if g.is_sparse:  # the update is non-linear, so indices must be unique
         g = g.coalesce()

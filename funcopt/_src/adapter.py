@@ -305,7 +305,7 @@ def _step_in_place(
     sizes: dict[Any, int] = {}  # elements in each chunk
     rows = []  # every check comes before any param changes
     for g, state in zip(grads, states):
-        algorithm.check_grad(g)
+        algorithm.check_grad(g, hyperparams)
         try:
             tensors = [state[name] for name in algorithm.fields]
         except KeyError as e:

@@ -166,9 +166,13 @@ class Algorithm:
         for bound in self.bounds:
             bound.check(hyperparams, tensors)
 
-    def check_grad(self, g: Tensor) -> None:
-        if g.is_sparse and not self.sparse:
-            raise RuntimeError(f"{self.name} does not support sparse gradients")
+    def check_grad(self, g: Tensor, hyperparams: Hyperparams) -> None:
+        """torch's checks of a sparse gradient, run for every param before any changes."""
+        if g.is_sparse:
+            if not self.sparse:
+                raise RuntimeError(f"{self.name} does not support sparse gradients")
+            if nonzero(hyperparams.get("weight_decay", 0)):
+                raise RuntimeError("weight_decay option is not compatible with sparse gradients")
 
     # -- the functional transformation ----------------------------------------
 
@@ -250,7 +254,7 @@ class Algorithm:
             if g is None:  # skipped, as torch skips a param without .grad
                 updates.append(None)
                 continue
-            self.check_grad(g)
+            self.check_grad(g, hyperparams)
             counters = tuple(column[i] for column in columns[:k])
             # Leaves share their counter tensors (see init): the schedule is computed once
             # per run of leaves with the same counters. Compared by identity, not id()
