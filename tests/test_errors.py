@@ -166,6 +166,20 @@ def test_update_with_wrong_state():
         factory("NAdam")().update(params, factory("Adamax")().init(params), params)
 
 
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_update_with_mismatched_shapes(name):
+    """A gradient or a state that would broadcast against its param raises, instead of
+    silently giving the update, the state and then the param another shape."""
+    params = {"a": torch.randn(3), "b": torch.randn(2)}
+    tx = factory(name)()
+    state = tx.init(params)
+    with pytest.raises(ValueError, match=r"leaf 0 differ \(gradient \(1,\), param \(3,\)"):
+        tx.update({"a": torch.randn(1), "b": torch.randn(2)}, state, params)
+    with pytest.raises(ValueError, match=r"leaf 0 differ \(gradient \(1,\), param \(1,\), \w+ \(3,\)"):
+        small = {"a": torch.randn(1), "b": torch.randn(1)}
+        tx.update(small, state, small)
+
+
 def test_optimizer_rejects_non_transform():
     import funcopt as fo
 

@@ -269,8 +269,17 @@ class Algorithm:
             for column, value in zip(new_columns, new):
                 column[i] = value
             buffers = [column[i] for column in columns[k:]]
-            if eager and p is not None and not g.is_sparse and inplace.use_lists(p):
-                # a GPU: the group's math runs with foreach ops after this loop
+            for t in (p, *buffers):
+                if t is not None and t.shape != g.shape:
+                    raise self._shape_error(i, p, g, buffers)
+            if (
+                eager
+                and p is not None
+                and not g.is_sparse
+                and (inplace.use_lists(p) or p.numel() <= inplace.SMALL)
+            ):
+                # on a GPU, and small tensors on the CPU (where the per-op overhead is what
+                # counts): the group's math runs with foreach ops after this loop
                 _, indices, group = lists.setdefault(  # the value keeps the coefficients (the key's id) alive
                     (id(coefficients), p.dtype, p.device),
                     (coefficients, [], [[] for _ in range(2 + len(buffers))]),
@@ -301,6 +310,19 @@ class Algorithm:
                 for column, values in zip(new_columns[k:], new_buffers):
                     column[i] = values[j]
         return updates, new_columns
+
+    def _shape_error(self, i: int, p: Tensor | None, g: Tensor, buffers: Sequence[Tensor]) -> ValueError:
+        """Shapes that differ would broadcast: the update, the new state and then the
+        param would silently take another shape."""
+        shapes = [f"gradient {tuple(g.shape)}"]
+        if p is not None:
+            shapes.append(f"param {tuple(p.shape)}")
+        k = len(self.counters)
+        shapes += [f"{name} {tuple(b.shape)}" for name, b in zip(self.fields[k:], buffers)]
+        return ValueError(
+            f"{self.name} update: the shapes of leaf {i} differ ({', '.join(shapes)}). "
+            "Pass the gradients of these params, and a state that init made from them."
+        )
 
     def _schedule(
         self, counters: tuple[Tensor, ...], hyperparams: Hyperparams, traced: bool
