@@ -13,6 +13,7 @@ from helpers import ALGORITHMS, assert_same, factory, torch_cls
 
 import funcopt as fo
 from funcopt._src import inplace
+from funcopt._src.algorithm import Algorithm
 
 NUMERIC = {
     "Adadelta": dict(lr=0.5, rho=0.8, eps=1e-5, weight_decay=0.1),
@@ -60,6 +61,33 @@ def test_inputs_are_never_mutated(name, path, monkeypatch):
     assert [t._version for t in optree.tree_leaves(inputs)] == versions
     for old, new in zip(optree.tree_leaves(state), optree.tree_leaves(new_state)):
         assert new is not old, "the new state must be new tensors"
+
+
+@pytest.mark.parametrize("path", ["default", "segments", "pure"])
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_update_without_params(name, path, monkeypatch):
+    """Without weight decay the params are optional: ``update(grads, state)`` takes the
+    same eager paths (the math never reads them) and gives the same result, bit for bit."""
+    if path == "segments":  # blocks of fresh memory for the 4x3 leaf, foreach ops for the other
+        monkeypatch.setattr(inplace, "SMALL", 4)
+        monkeypatch.setattr(inplace, "SEGMENT", 5)
+    if path != "pure":
+
+        def no_pure_step(*args, **kwargs):
+            raise AssertionError("took the out-of-place path")
+
+        monkeypatch.setattr(Algorithm, "_pure_step", no_pure_step)
+    params, grads = params_and_grads()
+    kwargs = {k: v for k, v in NUMERIC[name].items() if k != "weight_decay"}
+    tx = factory(name)(**kwargs, maximize=True)
+    with_params = without = tx.init(params)
+    for g in grads:
+        if path == "pure":  # autograd on: out-of-place ops only
+            g = {k: v.clone().requires_grad_() for k, v in g.items()}
+        updates, with_params = tx.update(g, with_params, params)
+        same_updates, without = tx.update(g, without)
+        assert_same(same_updates, updates, rtol=0, atol=0)
+    assert_same(without, with_params, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("tensor_dtype", [torch.float32, torch.float64])

@@ -272,16 +272,14 @@ class Algorithm:
             for t in (p, *buffers):
                 if t is not None and t.shape != g.shape:
                     raise self._shape_error(i, p, g, buffers)
-            if (
-                eager
-                and p is not None
-                and not g.is_sparse
-                and (inplace.use_lists(p) or p.numel() <= inplace.SMALL)
-            ):
+            # Without params the math never reads p: only weight decay does, and `update`
+            # refuses it without params. The in-place paths then take p as None.
+            like = g if p is None else p  # what the update is shaped and typed like
+            if eager and not g.is_sparse and (inplace.use_lists(like) or like.numel() <= inplace.SMALL):
                 # on a GPU, and small tensors on the CPU (where the per-op overhead is what
                 # counts): the group's math runs with foreach ops after this loop
                 _, indices, group = lists.setdefault(  # the value keeps the coefficients (the key's id) alive
-                    (id(coefficients), p.dtype, p.device),
+                    (id(coefficients), like.dtype, like.device, p is None),
                     (coefficients, [], [[] for _ in range(2 + len(buffers))]),
                 )
                 indices.append(i)
@@ -289,14 +287,7 @@ class Algorithm:
                     column.append(t)
                 updates.append(None)
                 continue
-            if (
-                eager
-                and p is not None
-                and not g.is_sparse
-                and self.per_element
-                and p.numel() > inplace.SMALL
-                and inplace.blockable(p, *buffers)
-            ):
+            if eager and not g.is_sparse and self.per_element and inplace.blockable(p, *buffers):
                 out, buffers = inplace.fresh_step(self, coefficients, hyperparams, p, g, buffers)
             else:
                 out, buffers = self._pure_step(p, g, buffers, coefficients, hyperparams)

@@ -60,28 +60,29 @@ def run_lists(algorithm: Any, coefficients: Any, hyperparams: Any,
     run(algorithm, coefficients, hyperparams, p, p, g, buffers, ForEach)
 
 
-def blockable(*tensors: Tensor) -> bool:
+def blockable(*tensors: Tensor | None) -> bool:
     """Whether flat views of these tensors exist (the param, `out` and the buffers)."""
-    return all(t.is_contiguous() for t in tensors)
+    return all(t is None or t.is_contiguous() for t in tensors)
 
 
-def run_blocks(algorithm: Any, coefficients: Any, hyperparams: Any, out: Tensor, p: Tensor,
+def run_blocks(algorithm: Any, coefficients: Any, hyperparams: Any, out: Tensor, p: Tensor | None,
                g: Tensor, buffers: Sequence[Tensor],
                sources: Sequence[Tensor] | None = None) -> None:  # fmt: skip
     """`run`, block by block over flat views of contiguous tensors.
 
     With `sources` the buffers and `out` are fresh memory: each block of a buffer first
     receives the block of its source, and the block of `out` is passed as `Fresh`.
+    `p` is None for an update without params (the math then never reads it).
     """
-    flat_p = p.view(-1)
-    flat_out = flat_p if out is p else out.view(-1)
+    flat_p = None if p is None else p.view(-1)
+    flat_out = out.view(-1)
     flat_g = g.reshape(-1)
     flat_buffers = [b.view(-1) for b in buffers]
     flat_sources = None if sources is None else [s.reshape(-1) for s in sources]
-    for i in range(0, flat_p.numel(), SEGMENT):
+    for i in range(0, flat_g.numel(), SEGMENT):
         j = i + SEGMENT
-        block_p = flat_p[i:j]
-        block_out = block_p if out is p else flat_out[i:j]
+        block_p = None if flat_p is None else flat_p[i:j]
+        block_out = block_p if block_p is not None and out is p else flat_out[i:j]
         block_buffers = [b[i:j] for b in flat_buffers]
         if flat_sources is not None:
             for b, s in zip(block_buffers, flat_sources):
@@ -108,13 +109,16 @@ def run_chunk(algorithm: Any, coefficients: Any, hyperparams: Any,
         torch._foreach_copy_(targets, result.split(sizes))
 
 
-def fresh_step(algorithm: Any, coefficients: Any, hyperparams: Any, p: Tensor, g: Tensor,
+def fresh_step(algorithm: Any, coefficients: Any, hyperparams: Any, p: Tensor | None, g: Tensor,
                buffers: Sequence[Tensor]) -> tuple[Tensor, list[Tensor]]:  # fmt: skip
     """One param's step as new tensors ``(update, new buffers)``, computed in place, block
-    by block, in fresh memory: `p`, `g` and `buffers` are only read."""
-    update = torch.empty_like(p)
+    by block, in fresh memory: `p` (None for an update without params), `g` and
+    `buffers` are only read."""
+    # like the param (contiguous, see `blockable`), or, without params, a contiguous
+    # tensor like the gradient
+    update = torch.empty_like(g if p is None else p, memory_format=torch.contiguous_format)
     new = [torch.empty_like(b) for b in buffers]
-    run_blocks(algorithm, coefficients, hyperparams, as_real(update), as_real(p), as_real(g),
+    run_blocks(algorithm, coefficients, hyperparams, as_real(update), None if p is None else as_real(p), as_real(g),
                [as_real(b) for b in new], [as_real(b) for b in buffers])  # fmt: skip
     return update, new
 
@@ -125,12 +129,12 @@ def fresh_lists(algorithm: Any, coefficients: Any, hyperparams: Any, columns: Se
     as new tensors, computed in place in fresh memory. `columns` holds the params, their
     gradients, then each buffer; they are only read."""
     ps, gs, *buffers = columns
-    updates = [torch.empty_like(p) for p in ps]
+    updates = [torch.empty_like(g if p is None else p) for p, g in zip(ps, gs)]
     torch._foreach_zero_(updates)
     new = [[torch.empty_like(b) for b in column] for column in buffers]
     for targets, sources in zip(new, buffers):
         torch._foreach_copy_(targets, sources)
     real = lambda ts: TensorList(as_real(t) for t in ts)  # noqa: E731
-    run(algorithm, coefficients, hyperparams, real(updates), real(ps), real(gs),
-        [real(c) for c in new], ForEach)  # fmt: skip
+    run(algorithm, coefficients, hyperparams, real(updates), None if ps[0] is None else real(ps),
+        real(gs), [real(c) for c in new], ForEach)  # fmt: skip
     return updates, new
