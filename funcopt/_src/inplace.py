@@ -126,8 +126,9 @@ def fresh_step(algorithm: Any, coefficients: Any, hyperparams: Any, p: Tensor | 
 def fresh_lists(algorithm: Any, coefficients: Any, hyperparams: Any, columns: Sequence[list[Tensor]]
                 ) -> tuple[list[Tensor], list[list[Tensor]]]:  # fmt: skip
     """`fresh_step` for a group of params with `ForEach` ops: ``(updates, new buffers)``
-    as new tensors, computed in place in fresh memory. `columns` holds the params, their
-    gradients, then each buffer; they are only read."""
+    as new tensors, computed in place in fresh memory. `columns` holds the params (all
+    None for an update without params), their gradients, then each buffer; they are
+    only read."""
     ps, gs, *buffers = columns
     updates = [torch.empty_like(g if p is None else p) for p, g in zip(ps, gs)]
     torch._foreach_zero_(updates)
