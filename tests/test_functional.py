@@ -218,6 +218,25 @@ def test_apply_updates():
     )
     assert new["b"] is params["b"]
     assert torch.equal(params["c"], torch.ones(1))  # not mutated
+    assert torch.equal(new["c"], torch.full((1,), 2.0))
+
+
+@pytest.mark.parametrize("autograd", [False, True])
+def test_apply_updates_eager_and_under_autograd(autograd):
+    """Plain tensors of one dtype are added by one foreach call; under autograd each leaf
+    is added by itself, and the gradient flows to params and updates."""
+    params = [torch.randn(3), torch.randn(2, dtype=torch.float64), torch.randn(4), torch.randn(1)]
+    updates = [torch.randn(3), torch.randn(2), None, torch.randn(1)]
+    if autograd:
+        params = [p.requires_grad_() for p in params]
+        updates = [u if u is None else u.requires_grad_() for u in updates]
+    new = fo.apply_updates(params, updates)
+    expected = [p if u is None else (p + u).to(p.dtype) for p, u in zip(params, updates)]
+    assert_same(new, expected, rtol=0, atol=0)
+    assert new[2] is params[2]
+    if autograd:
+        sum(t.sum() for t in new).backward()
+        assert all(torch.equal(t.grad, torch.ones_like(t)) for t in [*params, *updates] if t is not None)
 
 
 @pytest.mark.parametrize("max_norm", [0.0, 0.5, 100.0])

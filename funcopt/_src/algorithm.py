@@ -38,7 +38,9 @@ from .base import (
     Updates,
     as_real,
     flatten_together,
+    plain_eager,
     real_dtype,
+    tracing,
     tree_flatten,
 )
 from .ops import Pure, nonzero
@@ -91,32 +93,6 @@ def full_like(p: Tensor, value: Any) -> Tensor:
     if p.is_complex():
         value = complex(value, value)
     return torch.full_like(p, value, memory_format=torch.preserve_format)
-
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-
-def tracing() -> bool:
-    """Inside torch.compile or a torch.func transform: values must stay tensors."""
-    return torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None
-
-
-def plain_eager(hyperparams: Hyperparams, *leaf_lists: Sequence[Any]) -> bool:
-    """Whether nothing traces this update: no torch.compile, no torch.func transform, no
-    tensor hyperparameter, no input recording autograd, no tensor subclass. Then the
-    update may compute its new tensors in place, in fresh memory (see ``inplace.py``);
-    otherwise it uses `Pure` ops only."""
-    if tracing():
-        return False
-    for value in hyperparams.values():
-        if any(isinstance(v, Tensor) for v in (value if isinstance(value, tuple) else (value,))):
-            return False
-    grad = torch.is_grad_enabled()
-    return all(
-        t is None or (type(t) in _PLAIN and not (grad and t.requires_grad))
-        for leaves in leaf_lists
-        for t in leaves
-    )
 
 
 def normalize(hyperparams: Hyperparams) -> Hyperparams:

@@ -8,7 +8,7 @@ torch.optim skips a param whose ``.grad`` is None.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import optree
@@ -71,6 +71,32 @@ def flatten_together(tree: Any, *others: Any) -> tuple[list[list[Any]], Callable
     return [[row[j] for row in rows] for j in range(1 + len(others))], unflatten
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def tracing() -> bool:
+    """Inside torch.compile or a torch.func transform: values must stay tensors."""
+    return torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None
+
+
+def plain_eager(hyperparams: dict[str, Any], *leaf_lists: Sequence[Any]) -> bool:
+    """Whether nothing traces this computation: no torch.compile, no torch.func
+    transform, no tensor hyperparameter, no input recording autograd, no tensor
+    subclass. Then an update may compute its new tensors in place, in fresh memory (see
+    ``inplace.py``), and foreach ops may serve; otherwise it uses `Pure` ops only."""
+    if tracing():
+        return False
+    for value in hyperparams.values():
+        if any(isinstance(v, Tensor) for v in (value if isinstance(value, tuple) else (value,))):
+            return False
+    grad = torch.is_grad_enabled()
+    return all(
+        t is None or (type(t) in _PLAIN and not (grad and t.requires_grad))
+        for leaves in leaf_lists
+        for t in leaves
+    )
+
+
 def apply_updates(params: Params, updates: Updates) -> Params:
     """Return ``params + updates`` leaf by leaf, as new tensors (nothing is mutated).
 
@@ -81,13 +107,17 @@ def apply_updates(params: Params, updates: Updates) -> Params:
         >>> fo.apply_updates({"w": torch.ones(2), "b": torch.ones(1)}, {"w": torch.tensor([0.5, -0.5]), "b": None})
         {'w': tensor([1.5000, 0.5000]), 'b': tensor([1.])}
     """
-
-    def add(p: Tensor | None, u: Tensor | None) -> Tensor | None:
-        if u is None or p is None:
-            return p
-        return (p + u).to(p.dtype)
-
-    return optree.tree_map(add, params, updates, none_is_leaf=True)
+    (ps, us), unflatten = flatten_together(params, updates)
+    new = list(ps)  # a None update (or param) leaves the param as it is
+    todo = [i for i, (p, u) in enumerate(zip(ps, us)) if p is not None and u is not None]
+    alike = [i for i in todo if ps[i].dtype == us[i].dtype and not us[i].is_sparse]
+    if alike and plain_eager({}, ps, us):  # one foreach call: one kernel per group on a GPU
+        for i, s in zip(alike, torch._foreach_add([ps[i] for i in alike], [us[i] for i in alike])):
+            new[i] = s
+        todo = [i for i in todo if new[i] is ps[i]]
+    for i in todo:
+        new[i] = (ps[i] + us[i]).to(ps[i].dtype)
+    return unflatten(new)
 
 
 def chain(*transforms: GradientTransformation) -> GradientTransformation:
