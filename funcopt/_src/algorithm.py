@@ -12,7 +12,9 @@ An algorithm file (see ``nadam.py``) gives:
   run on Python floats (in double precision, as torch), or on float64 0-d tensors
   under torch.compile or a torch.func transform.
 - ``elementwise(o, out, p, g, *buffers, coefficients, **hyperparams) -> (out, buffers)``:
-  the per-tensor math, written once against ``o`` (see ``ops.py``).
+  the per-tensor math, written once against ``o`` (see ``ops.py``). It reads ``p`` for
+  weight decay only: ``p`` is None in an update without params, which ``update`` allows
+  only without weight decay.
 - ``bounds``: torch's range checks, in torch's order.
 
 Calling an `Algorithm` with hyperparameters gives the functional transformation;
