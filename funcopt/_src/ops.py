@@ -15,13 +15,15 @@ Rules the math follows:
   ``torch.func`` and ``torch.compile``). A name without ``_`` always returns a new tensor.
 - ``out`` is where the step accumulates, passed in by the caller: the param itself
   (the adapters), a zero update in fresh memory (the functional path in plain eager
-  mode: `Fresh` memory on the CPU, zeros in a GPU's lists), or ``None``, a zero update
+  mode: `Fresh` memory for blocks of large CPU tensors, zeros in the lists of `ForEach`
+  groups, on a GPU and for small CPU tensors), or ``None``, a zero update
   not yet allocated (`Pure`). Only ``add_``, ``addcdiv_`` and ``decay_`` write to
   ``out``, the math uses the ``out`` they return, and it reads ``p`` before it writes to
   ``out``.
 - `ForEach` is `InPlace` with every tensor argument a `TensorList`: each op is one
   ``torch._foreach_*`` call for a whole group of params (one kernel launch on a GPU,
-  where per-tensor ops are bound by launch overhead). Sparse gradients never take it.
+  where per-tensor ops are bound by launch overhead; one call instead of a Python call
+  per tensor for the functional path's small CPU tensors). Sparse gradients never take it.
 - Coefficients (``value=``, ``alpha=``, weights) are Python numbers with `InPlace`
   and `ForEach`.
   With `Pure` they may also be 0-d tensors (tensor hyperparameters, step-dependent
