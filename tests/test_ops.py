@@ -12,7 +12,11 @@ from funcopt._src.ops import ForEach, Fresh, InPlace, Pure, TensorList, nonzero
 
 # name, tensor arguments (by shape), coefficients (keyword or trailing positional)
 CASES = [
+    ("neg", 1, {}),
+    ("abs", 1, {}),
+    ("sqrt", 1, {}),
     ("add", 2, {"alpha": 0.3}),
+    ("add", 1, (1e-3,)),
     ("add_", 2, {"alpha": -0.7}),
     ("mul_", 1, (0.9,)),
     ("div", 1, (1.7,)),

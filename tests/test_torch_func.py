@@ -123,6 +123,43 @@ def test_maml_gradient_wrt_initial_params(name):
     assert_same({k: v.grad for k, v in leaves.items()}, g, rtol=1e-9, atol=1e-12)
 
 
+VARIANTS = [(n, {}) for n in ALGORITHMS] + [
+    ("Adadelta", {"maximize": True}),
+    ("Adagrad", {"maximize": True, "eps_root": 1e-8}),
+    ("Adamax", {"maximize": True}),
+    ("NAdam", {"maximize": True, "decoupled_weight_decay": True, "eps_root": 1e-8}),
+]
+
+
+@pytest.mark.parametrize(
+    "name,options", VARIANTS, ids=[f"{n}-{'-'.join(o) or 'default'}" for n, o in VARIANTS]
+)
+def test_autograd_through_eager_steps_equals_torch_func(name, options):
+    """Eager steps that plain autograd records (params that require grad, number
+    hyperparameters, a 0-d param among them): gradients of first, second and third
+    order through them (the meta-gradient, then a Hessian-vector product of the loss
+    after the steps) equal those through torch.func.grad and jvp."""
+    params, x, y = problem()
+    params["scale"] = torch.tensor(1.5, dtype=F64)
+    hp = {**HYPER[name], **options}
+
+    def f(p):
+        adapted, _, _ = fo.inner_loop(
+            lambda q, x, y: loss_fn(q, x, y * q["scale"]), p, make(name, hp), [(x, y)] * STEPS
+        )
+        return loss_fn(adapted, x, y)
+
+    direction = {k: torch.randn_like(v) for k, v in params.items()}
+    expected = grad(f)(params)
+    expected_hvp = jvp(grad(f), (params,), (direction,))[1]
+
+    leaves = {k: v.clone().requires_grad_() for k, v in params.items()}
+    grads = dict(zip(leaves, torch.autograd.grad(f(leaves), list(leaves.values()), create_graph=True)))
+    hvp = torch.autograd.grad(sum((grads[k] * direction[k]).sum() for k in grads), list(leaves.values()))
+    assert_same(grads, expected, rtol=1e-9, atol=1e-12)
+    assert_same(dict(zip(leaves, hvp)), expected_hvp, rtol=1e-8, atol=1e-11)
+
+
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_gradcheck_through_steps(name):
     """torch.autograd.gradcheck on the final params as a function of initial params and lr."""
