@@ -226,7 +226,7 @@ class Algorithm:
         new_columns = [list(column) for column in columns]
         k = len(self.counters)
         last: tuple[tuple[Any, ...], Any] | None = None  # the previous leaf's (counters, schedule)
-        lists: dict[Any, tuple[Any, list[int], list[list[Tensor]]]] = {}  # see inplace.use_lists
+        lists: dict[Any, tuple[Any, list[int], list[list[Tensor]]]] = {}  # see inplace.fresh_in_lists
         updates: list[Tensor | None] = []
         for i, (p, g) in enumerate(zip(p_leaves, g_leaves)):
             if g is None:  # skipped, as torch skips a param without .grad
@@ -253,9 +253,8 @@ class Algorithm:
             # Without params the math never reads p: only weight decay does, and `update`
             # refuses it without params. The in-place paths then take p as None.
             like = g if p is None else p  # what the update is shaped and typed like
-            if eager and not g.is_sparse and (inplace.use_lists(like) or like.numel() <= inplace.SMALL):
-                # on a GPU, and small tensors on the CPU (where the per-op overhead is what
-                # counts): the group's math runs with foreach ops after this loop
+            if eager and not g.is_sparse and inplace.fresh_in_lists(like):
+                # the group's math runs with foreach ops after this loop
                 _, indices, group = lists.setdefault(  # the value keeps the coefficients (the key's id) alive
                     (id(coefficients), like.dtype, like.device, p is None),
                     (coefficients, [], [[] for _ in range(2 + len(buffers))]),

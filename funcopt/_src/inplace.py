@@ -39,6 +39,13 @@ def use_lists(p: Tensor) -> bool:
     return p.device.type != "cpu"
 
 
+def fresh_in_lists(t: Tensor) -> bool:
+    """Whether the functional path steps `t` with its group through `ForEach` ops
+    (`fresh_lists`) rather than by itself (`fresh_step`): where `use_lists` says so, and
+    for small CPU tensors, where the per-op overhead is what counts."""
+    return use_lists(t) or t.numel() <= SMALL
+
+
 def run(algorithm: Any, coefficients: Any, hyperparams: Any, out: Any, p: Any, g: Any,
         buffers: Sequence[Any], ops: Any = InPlace) -> None:  # fmt: skip
     """The math on one set of (real) tensors, or with `ForEach` on lists of them: `out`
