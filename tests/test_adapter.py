@@ -31,6 +31,27 @@ def loss_fn(m, x, y):
     return torch.nn.functional.mse_loss(m(x), y)
 
 
+def _torch_adagrad_inits_added_groups() -> bool:
+    """Whether the installed torch's Adagrad creates the state of a param group added
+    after construction (torch 2.13 does, at its first step; 2.11 raised KeyError 'sum').
+    funcopt's Adagrad does, on every torch."""
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.Adagrad([torch.nn.Parameter(torch.zeros(1))])
+    opt.add_param_group({"params": [p]})
+    p.grad = torch.ones(1)
+    try:
+        opt.step()
+    except KeyError:
+        return False
+    return True
+
+
+needs_lazy_adagrad = pytest.mark.skipif(
+    not _torch_adagrad_inits_added_groups(),
+    reason="this torch's Adagrad cannot step a param group added after construction",
+)
+
+
 def twin(name, scenario, **tol):
     """Run `scenario(cls)` with torch's class and with funcopt's; compare what it returns."""
     expected = scenario(torch_cls(name))
@@ -145,7 +166,9 @@ def test_global_hooks_fire_once(name):
     assert calls == ["pre", "post", "pre", "post"]
 
 
-@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=needs_lazy_adagrad) if n == "Adagrad" else n for n in ALGORITHMS]
+)
 def test_add_param_group_and_group_options(name):
     def scenario(cls):
         m = model()
@@ -503,6 +526,7 @@ def test_adagrad_fused_flag():
     assert sd0["state"][0]["step"].dtype == torch.float32
 
 
+@needs_lazy_adagrad
 def test_adagrad_initial_accumulator_comes_from_defaults():
     """torch quirk: a group's own initial_accumulator_value is ignored."""
 

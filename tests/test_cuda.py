@@ -196,13 +196,15 @@ def test_compiled_steps_on_cuda(name):
 def test_capturable_step_replays_in_a_cuda_graph(name):
     """capturable=True promises a step that a CUDA graph can record (no host sync).
     Recorded once and replayed with new gradients, funcopt's step gives what torch's
-    capturable step gives run eagerly."""
+    step gives run eagerly. (Its default step: torch's capturable NAdam computes its
+    schedule in float32 on the GPU, 3e-6 off after five steps here; funcopt's runs in
+    float64, as torch's default step does in Python.)"""
     gen = torch.Generator().manual_seed(0)
     base = [p.cuda() for p in make_params(torch.float32)]
     grads = [[torch.randn(p.shape, generator=gen).cuda() for p in base] for _ in range(4)]
     ref_params = trainable(base, differentiable=False)
     our_params = trainable(base, differentiable=False)
-    ref = torch_cls(name)(ref_params, lr=0.1, capturable=True)
+    ref = torch_cls(name)(ref_params, lr=0.1)
     ours = fo_cls(name)(our_params, lr=0.1, capturable=True)
     for p, g in zip(our_params, grads[0]):
         p.grad = g.clone()

@@ -200,10 +200,9 @@ class Algorithm:
             raise ValueError(
                 f"{self.name} with weight_decay needs the params: call update(grads, state, params)"
             )
-        (g_leaves, *columns), unflatten = flatten_together(
-            grads, *state, *(() if params is None else (params,))
-        )
-        p_leaves: list[Any] = [None] * len(g_leaves) if params is None else columns.pop()
+        leaves, unflatten = flatten_together(grads, *state, *(() if params is None else (params,)))
+        g_leaves, columns = leaves[0], leaves[1 : 1 + len(state)]
+        p_leaves: list[Any] = [None] * len(g_leaves) if params is None else leaves[-1]
         updates, new_columns = self.update_leaves(hyperparams, p_leaves, g_leaves, columns)
         return unflatten(updates), self.state(*(unflatten(c) for c in new_columns))
 
