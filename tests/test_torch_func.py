@@ -4,6 +4,7 @@ checked in float64 against central finite differences."""
 
 from __future__ import annotations
 
+import optree
 import pytest
 import torch
 from helpers import ALGORITHMS, assert_same, factory
@@ -215,6 +216,23 @@ def test_vmap_over_model_ensemble_equals_loop(name):
         assert_same({k: v[i] for k, v in batched.items()}, adapted, rtol=1e-10, atol=1e-12)
         for field, batched_field in zip(state, batched_state):
             assert_same({k: v[i] for k, v in batched_field.items()}, field, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_vmap_over_states_at_different_steps_equals_loop(name):
+    """Batched step counters: one vmapped update of states that have taken 1, 2 and 3
+    steps gives each its own schedule, as separate updates do. (A counter that a
+    transform does not wrap is read in Python; a batched one must stay a tensor.)"""
+    params, x, y = problem()
+    tx = make(name, HYPER[name])
+    states = [fo.inner_loop(loss_fn, params, tx, [(x, y)] * k)[1] for k in (1, 2, 3)]
+    stacked = optree.tree_map(lambda *leaves: torch.stack(leaves), *states)
+    grads = grad(loss_fn)(params, x, y)
+    updates, new_states = vmap(lambda state: tx.update(grads, state, params))(stacked)
+    for i, state in enumerate(states):
+        expected_updates, expected_state = tx.update(grads, state, params)
+        member = optree.tree_map(lambda t, i=i: t[i], (updates, list(new_states)))
+        assert_same(member, (expected_updates, list(expected_state)), rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)

@@ -41,6 +41,7 @@ from .base import (
     as_real,
     flatten_together,
     plain_eager,
+    readable,
     real_dtype,
     tracing,
     tree_flatten,
@@ -240,7 +241,7 @@ class Algorithm:
             if last is not None and all(a is b for a, b in zip(last[0], counters)):
                 schedule = last[1]
             else:
-                schedule = self._schedule(counters, hyperparams, traced)
+                schedule = self._schedule(counters, hyperparams, traceable)
                 last = (counters, schedule)
             new, coefficients = schedule
             for column, value in zip(new_columns, new):
@@ -292,13 +293,14 @@ class Algorithm:
         )
 
     def _schedule(
-        self, counters: tuple[Tensor, ...], hyperparams: Hyperparams, traced: bool
+        self, counters: tuple[Tensor, ...], hyperparams: Hyperparams, traceable: bool
     ) -> tuple[tuple[Tensor, ...], tuple[Any, ...]]:
         """New counters (tensors of the old ones' dtype) and the step's coefficients,
-        computed from the counters' values in Python doubles, as torch does; under
-        torch.compile or a torch.func transform from float64 0-d tensors instead, which
-        stay traceable and batchable."""
-        if not traced and not any(c.requires_grad for c in counters):
+        computed from the counters' values in Python doubles, as torch does, where they
+        may be read (see `readable`: also under a torch.func transform that neither
+        batches nor differentiates them); else (torch.compile, a capturable step) from
+        float64 0-d tensors, which stay traceable and batchable."""
+        if not traceable and all(readable(c) for c in counters):
             new, coefficients = self.schedule(*(c.item() for c in counters), **hyperparams)
             return tuple(
                 # a value computed from a tensor hyperparameter stays in its graph

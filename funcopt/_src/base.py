@@ -79,6 +79,16 @@ def tracing() -> bool:
     return torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None
 
 
+def readable(t: Tensor) -> bool:
+    """Whether Python may read the value of `t` (a step counter): not under
+    torch.compile, and no autograd graph records `t` and no torch.func transform wraps it.
+    Inside a transform, a counter made outside it, or from constants, is not wrapped: a
+    `vmap` over learning rates leaves the step count a plain tensor."""
+    return not (
+        torch.compiler.is_compiling() or t.requires_grad or torch._C._functorch.is_functorch_wrapped_tensor(t)
+    )
+
+
 def plain_eager(hyperparams: dict[str, Any], *leaf_lists: Sequence[Any]) -> bool:
     """Whether nothing traces this computation: no torch.compile, no torch.func
     transform, no tensor hyperparameter, no input recording autograd, no tensor
