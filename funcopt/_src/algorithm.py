@@ -10,7 +10,8 @@ An algorithm file (see ``nadam.py``) gives:
 - ``schedule(*counters, **hyperparams) -> (new_counters, coefficients)``: the
   per-step scalar math (bias corrections, momentum schedule). It is plain arithmetic,
   run on Python floats (in double precision, as torch), or on float64 0-d tensors
-  under torch.compile or a torch.func transform.
+  where the counters may not be read in Python (torch.compile, a capturable step, or
+  counters that a torch.func transform batches or differentiates; see `_schedule`).
 - ``elementwise(o, out, p, g, *buffers, coefficients, **hyperparams) -> (out, buffers)``:
   the per-tensor math, written once against ``o`` (see ``ops.py``). It reads ``p`` for
   weight decay only: ``p`` is None in an update without params, which ``update`` allows
@@ -219,8 +220,8 @@ class Algorithm:
         field (``columns[j][i]`` is field j of leaf i). Returns the updates and the new
         columns. The adapters call it directly, with no pytree to flatten.
 
-        `traceable` forces what tracing implies: the schedule stays in tensors and no
-        value is read on the host (a capturable step, which a CUDA graph may record)."""
+        `traceable` forces what torch.compile implies: the schedule stays in tensors and
+        no value is read on the host (a capturable step, which a CUDA graph may record)."""
         traced = traceable or tracing()
         eager = not traced and plain_eager(hyperparams, g_leaves, p_leaves, *columns)
         new_columns = [list(column) for column in columns]
