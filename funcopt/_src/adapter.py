@@ -372,7 +372,9 @@ def _step_pure(
         columns = [[state[name] for state in states] for name in algorithm.fields]
     except KeyError as e:
         raise _missing_entry(e) from None
-    updates, new_columns = algorithm.update_leaves(hyperparams, params, grads, columns, capturable)
+    updates, new_columns = algorithm.update_leaves(
+        hyperparams, params, grads, columns, capturable, written_back=True
+    )
     _write_back(params, states, zip(algorithm.fields, new_columns), updates)
 
 

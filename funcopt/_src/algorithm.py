@@ -41,13 +41,15 @@ from .base import (
     Updates,
     as_real,
     flatten_together,
-    plain_eager,
+    grouped_under_autograd,
     readable,
     real_dtype,
+    records,
     tracing,
     tree_flatten,
+    untraced,
 )
-from .ops import Pure, nonzero
+from .ops import Pure, PureForEach, TensorList, nonzero
 
 Hyperparams = dict[str, Any]
 
@@ -215,19 +217,31 @@ class Algorithm:
         g_leaves: Sequence[Tensor | None],
         columns: Sequence[Sequence[Any]],
         traceable: bool = False,
+        written_back: bool = False,
     ) -> tuple[list[Tensor | None], list[list[Any]]]:
         """`update` on flat lists: the leaves of params and grads, and one list per state
         field (``columns[j][i]`` is field j of leaf i). Returns the updates and the new
         columns. The adapters call it directly, with no pytree to flatten.
 
         `traceable` forces what torch.compile implies: the schedule stays in tensors and
-        no value is read on the host (a capturable step, which a CUDA graph may record)."""
-        traced = traceable or tracing()
-        eager = not traced and plain_eager(hyperparams, g_leaves, p_leaves, *columns)
+        no value is read on the host (a capturable step, which a CUDA graph may record).
+        `written_back` says that the caller writes the results into the params and the
+        state in place (the adapters' pure step).
+
+        In plain eager mode the new tensors are computed in place, in fresh memory, small
+        ones in groups (`inplace.fresh_in_lists`). Where autograd records (a MAML inner
+        loop) but nothing else traces, small tensors run in groups through `PureForEach`
+        (`grouped_under_autograd`), the others through `Pure` ops one by one. A step
+        that is `written_back` takes no foreach op under autograd: torch's foreach ops
+        save their inputs for the backward pass, which writing them in place would
+        break (torch's differentiable optimizers use no foreach either).
+        """
+        lists_ok = not (traceable or tracing()) and untraced(hyperparams, g_leaves, p_leaves, *columns)
+        eager = lists_ok and not records(g_leaves, p_leaves, *columns)
         new_columns = [list(column) for column in columns]
         k = len(self.counters)
         last: tuple[tuple[Any, ...], Any] | None = None  # the previous leaf's (counters, schedule)
-        lists: dict[Any, tuple[Any, list[int], list[list[Tensor]]]] = {}  # see inplace.fresh_in_lists
+        lists: dict[Any, tuple[Any, list[int], list[list[Tensor]]]] = {}  # groups of leaves, by coefficients
         updates: list[Tensor | None] = []
         for i, (p, g) in enumerate(zip(p_leaves, g_leaves)):
             if g is None:  # skipped, as torch skips a param without .grad
@@ -254,8 +268,18 @@ class Algorithm:
             # Without params the math never reads p: only weight decay does, and `update`
             # refuses it without params. The in-place paths then take p as None.
             like = g if p is None else p  # what the update is shaped and typed like
-            if eager and not g.is_sparse and inplace.fresh_in_lists(like):
-                # the group's math runs with foreach ops after this loop
+            in_lists = (
+                lists_ok
+                and not g.is_sparse
+                and (
+                    inplace.fresh_in_lists(like)
+                    if eager
+                    else grouped_under_autograd(like)
+                    and not written_back
+                    and not any(isinstance(c, Tensor) for c in coefficients)  # PureForEach takes numbers
+                )
+            )
+            if in_lists:  # the group's math runs with foreach ops after this loop
                 _, indices, group = lists.setdefault(  # the value keeps the coefficients (the key's id) alive
                     (id(coefficients), like.dtype, like.device, p is None),
                     (coefficients, [], [[] for _ in range(2 + len(buffers))]),
@@ -273,7 +297,10 @@ class Algorithm:
             for column, value in zip(new_columns[k:], buffers):
                 column[i] = value
         for coefficients, indices, group in lists.values():
-            outs, new_buffers = inplace.fresh_lists(self, coefficients, hyperparams, group)
+            if eager:
+                outs, new_buffers = inplace.fresh_lists(self, coefficients, hyperparams, group)
+            else:
+                outs, new_buffers = self._pure_lists(coefficients, hyperparams, group)
             for j, i in enumerate(indices):
                 updates[i] = outs[j]
                 for column, values in zip(new_columns[k:], new_buffers):
@@ -327,6 +354,22 @@ class Algorithm:
         if not g.is_complex():
             return out, list(new)
         return torch.view_as_complex(out), [torch.view_as_complex(b) for b in new]
+
+    def _pure_lists(
+        self, coefficients: tuple[Any, ...], hyperparams: Hyperparams, columns: Sequence[list[Tensor]]
+    ) -> tuple[list[Tensor], list[list[Tensor]]]:
+        """`_pure_step` for a group of params of one dtype, with `PureForEach` ops.
+        `columns` holds the params (all None for an update without params), their
+        gradients, then each buffer."""
+        ps, gs, *buffers = columns
+        real = lambda ts: TensorList(as_real(t) for t in ts)  # noqa: E731
+        out, new = self.elementwise(
+            PureForEach, None, None if ps[0] is None else real(ps), real(gs),
+            *(real(b) for b in buffers), coefficients, **hyperparams,
+        )  # fmt: skip
+        if not gs[0].is_complex():
+            return list(out), [list(b) for b in new]
+        return [torch.view_as_complex(t) for t in out], [[torch.view_as_complex(t) for t in b] for b in new]
 
     # -- torch.optim's per-param state ----------------------------------------
 

@@ -89,22 +89,41 @@ def readable(t: Tensor) -> bool:
     )
 
 
-def plain_eager(hyperparams: dict[str, Any], *leaf_lists: Sequence[Any]) -> bool:
-    """Whether nothing traces this computation: no torch.compile, no torch.func
-    transform, no tensor hyperparameter, no input recording autograd, no tensor
-    subclass. Then an update may compute its new tensors in place, in fresh memory (see
-    ``inplace.py``), and foreach ops may serve; otherwise it uses `Pure` ops only."""
+def untraced(hyperparams: dict[str, Any], *leaf_lists: Sequence[Any]) -> bool:
+    """Whether nothing traces this computation but autograd, if it records: no
+    torch.compile, no torch.func transform, no tensor hyperparameter, no tensor
+    subclass. Then ``torch._foreach_*`` ops may serve (they have no vmap rule, and take
+    coefficients as numbers), in place (see `plain_eager`) or, where autograd records,
+    out of place."""
     if tracing():
         return False
     for value in hyperparams.values():
         if any(isinstance(v, Tensor) for v in (value if isinstance(value, tuple) else (value,))):
             return False
-    grad = torch.is_grad_enabled()
-    return all(
-        t is None or (type(t) in _PLAIN and not (grad and t.requires_grad))
-        for leaves in leaf_lists
-        for t in leaves
+    return all(t is None or type(t) in _PLAIN for leaves in leaf_lists for t in leaves)
+
+
+def records(*leaf_lists: Sequence[Any]) -> bool:
+    """Whether autograd records an op on these leaves."""
+    return torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for leaves in leaf_lists for t in leaves
     )
+
+
+def plain_eager(hyperparams: dict[str, Any], *leaf_lists: Sequence[Any]) -> bool:
+    """`untraced`, and autograd records nothing. Then an update may compute its new
+    tensors in place, in fresh memory (see ``inplace.py``); otherwise it uses ops that
+    return new tensors only."""
+    return untraced(hyperparams, *leaf_lists) and not records(*leaf_lists)
+
+
+def grouped_under_autograd(t: Tensor) -> bool:
+    """Whether, where autograd records, `t` is stepped in a group by foreach ops (one
+    autograd node per op for the group): if small, where per-op overhead is what counts.
+    Larger tensors take per-tensor ops: torch's foreach ops save every input for the
+    backward pass, where per-tensor ops save only what they need (about twice the
+    memory)."""
+    return t.numel() <= 1 << 14
 
 
 def apply_updates(params: Params, updates: Updates) -> Params:
@@ -120,8 +139,13 @@ def apply_updates(params: Params, updates: Updates) -> Params:
     (ps, us), unflatten = flatten_together(params, updates)
     new = list(ps)  # a None update (or param) leaves the param as it is
     todo = [i for i, (p, u) in enumerate(zip(ps, us)) if p is not None and u is not None]
+    # one foreach call for those alike: one kernel per group on a GPU, one autograd node
     alike = [i for i in todo if ps[i].dtype == us[i].dtype and not us[i].is_sparse]
-    if alike and plain_eager({}, ps, us):  # one foreach call: one kernel per group on a GPU
+    if not untraced({}, ps, us):
+        alike = []
+    elif records(ps, us):
+        alike = [i for i in alike if grouped_under_autograd(ps[i])]
+    if alike:
         for i, s in zip(alike, torch._foreach_add([ps[i] for i in alike], [us[i] for i in alike])):
             new[i] = s
         todo = [i for i in todo if new[i] is ps[i]]

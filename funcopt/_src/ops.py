@@ -1,7 +1,8 @@
 """The ways to run an algorithm's per-tensor math, from one copy of it.
 
 Each algorithm writes its elementwise math once, against a namespace ``o`` that is
-`InPlace`, `ForEach` (`InPlace` on lists of tensors) or `Pure`::
+`InPlace`, `ForEach` (`InPlace` on lists of tensors), `Pure` or `PureForEach` (`Pure`
+on lists of tensors)::
 
     exp_avg = o.lerp_(exp_avg, g, 1 - beta1)
     out = o.addcdiv_(out, exp_avg, exp_inf, value=-clr)
@@ -17,15 +18,17 @@ Rules the math follows:
   (the adapters), a zero update in fresh memory (the functional path in plain eager
   mode: `Fresh` memory for blocks of large CPU tensors, zeros in the lists of `ForEach`
   groups, on a GPU and for small CPU tensors), or ``None``, a zero update
-  not yet allocated (`Pure`). Only ``add_``, ``addcdiv_`` and ``decay_`` write to
+  not yet allocated (`Pure`, `PureForEach`). Only ``add_``, ``addcdiv_`` and ``decay_`` write to
   ``out``, the math uses the ``out`` they return, and it reads ``p`` before it writes to
   ``out``.
 - `ForEach` is `InPlace` with every tensor argument a `TensorList`: each op is one
   ``torch._foreach_*`` call for a whole group of params (one kernel launch on a GPU,
   where per-tensor ops are bound by launch overhead; one call instead of a Python call
   per tensor for the functional path's small CPU tensors). Sparse gradients never take it.
-- Coefficients (``value=``, ``alpha=``, weights) are Python numbers with `InPlace`
-  and `ForEach`.
+  `PureForEach` is the same for `Pure`, where autograd records outside torch.func: one
+  autograd node per op for a whole group.
+- Coefficients (``value=``, ``alpha=``, weights) are Python numbers with `InPlace`,
+  `ForEach` and `PureForEach`.
   With `Pure` they may also be 0-d tensors (tensor hyperparameters, step-dependent
   scalars); those are cast to the dtype of the tensor they scale, so a float64
   scalar never promotes a float32 param or state.
@@ -163,6 +166,49 @@ class ForEach:
         if out is not p:
             torch._foreach_add_(out, p, alpha=factor - 1)
         return out
+
+
+class PureForEach:
+    """`Pure` on lists of tensors: one out-of-place ``torch._foreach_*`` call per op,
+    which autograd records as one node for the whole group. For the functional path
+    where autograd records (a MAML inner loop, a differentiable adapter step) and no
+    torch.func transform runs; coefficients are Python numbers."""
+
+    neg = staticmethod(_foreach(torch._foreach_neg))
+    abs = staticmethod(_foreach(torch._foreach_abs))
+    sqrt = sqrt_ = staticmethod(_foreach(torch._foreach_sqrt))
+    div = div_ = staticmethod(_foreach(torch._foreach_div))
+    mul_ = staticmethod(_foreach(torch._foreach_mul))
+    lerp_ = staticmethod(_foreach(torch._foreach_lerp))
+    addcmul_ = staticmethod(_foreach(torch._foreach_addcmul))
+    maximum_ = staticmethod(_foreach(torch._foreach_maximum))
+
+    @staticmethod
+    def add(x: TensorList, y: TensorList | Coef, alpha: Coef = 1) -> TensorList:
+        if isinstance(y, list):
+            return TensorList(torch._foreach_add(x, y, alpha=alpha))
+        return TensorList(torch._foreach_add(x, y * alpha))  # a number: no alpha overload
+
+    @staticmethod
+    def add_(x: TensorList | None, y: TensorList | Coef, alpha: Coef = 1) -> TensorList:
+        if x is None:
+            return y if alpha == 1 else PureForEach.mul_(y, alpha)
+        return PureForEach.add(x, y, alpha=alpha)
+
+    @staticmethod
+    def addcdiv_(x: TensorList | None, a: TensorList, b: TensorList, value: Coef = 1) -> TensorList:
+        """As `Pure.addcdiv_`, and for ``x + value * a / b`` in ``torch.addcdiv``'s order of
+        rounding: torch's backward of ``_foreach_addcdiv`` fails (2.13: "select(): index
+        1 out of range") when a tensor's first dimension is shorter than its index."""
+        if x is None:
+            return PureForEach.add_(None, PureForEach.div(a, b), value)
+        return PureForEach.add(x, PureForEach.div(a if value == 1 else PureForEach.mul_(a, value), b))
+
+    @staticmethod
+    def decay_(out: TensorList | None, p: TensorList, factor: Coef) -> TensorList:
+        """`Pure.decay_` on lists."""
+        step = PureForEach.mul_(p, factor - 1)
+        return step if out is None else PureForEach.add(PureForEach.mul_(out, factor), step)
 
 
 def _cast(c: Coef, like: Tensor) -> Coef:
