@@ -93,8 +93,8 @@ def untraced(hyperparams: dict[str, Any], *leaf_lists: Sequence[Any]) -> bool:
     """Whether nothing traces this computation but autograd, if it records: no
     torch.compile, no torch.func transform, no tensor hyperparameter, no tensor
     subclass. Then ``torch._foreach_*`` ops may serve (they have no vmap rule, and take
-    coefficients as numbers), in place (see `plain_eager`) or, where autograd records,
-    out of place."""
+    coefficients as numbers): in place, in fresh memory, where autograd records nothing
+    as well (see ``inplace.py``), out of place where it records."""
     if tracing():
         return False
     for value in hyperparams.values():
@@ -108,13 +108,6 @@ def records(*leaf_lists: Sequence[Any]) -> bool:
     return torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for leaves in leaf_lists for t in leaves
     )
-
-
-def plain_eager(hyperparams: dict[str, Any], *leaf_lists: Sequence[Any]) -> bool:
-    """`untraced`, and autograd records nothing. Then an update may compute its new
-    tensors in place, in fresh memory (see ``inplace.py``); otherwise it uses ops that
-    return new tensors only."""
-    return untraced(hyperparams, *leaf_lists) and not records(*leaf_lists)
 
 
 def grouped_under_autograd(t: Tensor) -> bool:
