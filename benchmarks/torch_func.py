@@ -102,7 +102,10 @@ def sweep_benchmark(rounds: int) -> None:
 
     lrs = torch.logspace(-4, -0.5, 16)
     t = interleaved(
-        {"vmap": lambda: vmap(train)(lrs), "loop": lambda: [train(lr) for lr in lrs]}, rounds, warmup=1
+        # the loop takes each lr as a Python number, as one would write it (the eager path)
+        {"vmap": lambda: vmap(train)(lrs), "loop": lambda: [train(lr) for lr in lrs.tolist()]},
+        rounds,
+        warmup=1,
     )
     # agreement, on a short run (float32 round-off of batched matmuls grows chaotically
     # over long training runs at some learning rates; the tests check it in float64)
@@ -284,7 +287,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="where the compiled-step section runs")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    sweep_benchmark(max(3, args.rounds // 2))
+    sweep_benchmark(max(5, args.rounds))
     maml_benchmark(3 * args.rounds)  # about 0.1 s a round: more rounds, a steadier median
     algorithms = args.algorithms.split(",")
     if not args.skip_compile:
