@@ -169,9 +169,10 @@ def test_autograd_groups_small_tensors_like_one_by_one(name, monkeypatch):
     results and the gradients through them equal those of per-tensor ops, bit for bit
     (the same kernels run), for real, complex, float32 and float64 leaves, 0-d ones and
     one shorter than its index in its group (where torch's backward of _foreach_addcdiv
-    fails). Large tensors step one by one (torch's foreach ops save twice the memory)."""
+    fails), and which results record (a frozen leaf's do not). Large tensors step one by
+    one (torch's foreach ops save twice the memory)."""
     shapes = {"small": ((4, 3), F64), "c64": ((3,), torch.complex64), "f32": ((5,), torch.float32)}
-    shapes |= {"scalar": ((), F64), "large": ((130, 130), F64), "one": ((1,), F64)}
+    shapes |= {"scalar": ((), F64), "large": ((130, 130), F64), "one": ((1,), F64), "frozen": ((2,), F64)}
     init = {
         k: torch.randn(s, dtype=d, generator=torch.Generator().manual_seed(i))
         for i, (k, (s, d)) in enumerate(shapes.items())
@@ -179,7 +180,7 @@ def test_autograd_groups_small_tensors_like_one_by_one(name, monkeypatch):
     hp = {k: v for k, v in HYPER[name].items() if k != "initial_accumulator_value"}
 
     def run():
-        leaves = {k: v.clone().requires_grad_() for k, v in init.items()}
+        leaves = {k: v.clone().requires_grad_(k != "frozen") for k, v in init.items()}
         params, state = leaves, None
         tx = make(name, hp)
         state = tx.init(params)
@@ -190,7 +191,13 @@ def test_autograd_groups_small_tensors_like_one_by_one(name, monkeypatch):
         loss = sum(
             torch.view_as_real(v).pow(2).sum() if v.is_complex() else v.pow(2).sum() for v in params.values()
         )
-        return params, state, torch.autograd.grad(loss, list(leaves.values()))
+        records = [t.requires_grad for t in optree.tree_leaves((params, state))]
+        return (
+            params,
+            state,
+            records,
+            torch.autograd.grad(loss, [v for k, v in leaves.items() if k != "frozen"]),
+        )
 
     one_by_one = []
     pure_step = fo_algorithm.Algorithm._pure_step
@@ -202,6 +209,7 @@ def test_autograd_groups_small_tensors_like_one_by_one(name, monkeypatch):
     monkeypatch.setattr(fo_algorithm.Algorithm, "_pure_step", recording_pure_step)
     grouped = run()
     assert one_by_one == [(130, 130)] * STEPS
+    assert not grouped[0]["frozen"].requires_grad and grouped[0]["one"].requires_grad
     for module in (fo_base, fo_algorithm):
         monkeypatch.setattr(module, "grouped_under_autograd", lambda t: False)
     assert_same(grouped, run(), rtol=0, atol=0)

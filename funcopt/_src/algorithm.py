@@ -281,7 +281,14 @@ class Algorithm:
             )
             if in_lists:  # the group's math runs with foreach ops after this loop
                 _, indices, group = lists.setdefault(  # the value keeps the coefficients (the key's id) alive
-                    (id(coefficients), like.dtype, like.device, p is None),
+                    # those that record apart: all a foreach op's outputs record if one does
+                    (
+                        id(coefficients),
+                        like.dtype,
+                        like.device,
+                        p is None,
+                        not eager and records((p, g), buffers),
+                    ),
                     (coefficients, [], [[] for _ in range(2 + len(buffers))]),
                 )
                 indices.append(i)
