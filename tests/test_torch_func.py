@@ -216,6 +216,34 @@ def test_autograd_groups_small_tensors_like_one_by_one(name, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
+def test_forward_ad_dual_tensors_equal_torch_func_jvp(name):
+    """Forward-mode AD with torch.autograd.forward_ad's dual tensors through eager steps
+    (small tensors, grouped in plain eager mode, and large ones, computed in fresh
+    memory by out= ops; neither has a forward-mode formula) equals torch.func.jvp."""
+    hp = {k: v for k, v in HYPER[name].items() if k != "initial_accumulator_value"}
+    gen = torch.Generator().manual_seed(0)
+    params = {
+        "small": torch.randn(5, dtype=F64, generator=gen),
+        "large": torch.randn(300, 300, dtype=F64, generator=gen),
+    }
+    tangents = {k: torch.randn(v.shape, dtype=F64, generator=gen) for k, v in params.items()}
+
+    def f(p):
+        tx = make(name, hp)
+        state = tx.init(p)
+        for _ in range(STEPS):
+            updates, state = tx.update({k: torch.sin(v) for k, v in p.items()}, state, p)
+            p = fo.apply_updates(p, updates)
+        return p
+
+    expected = jvp(f, (params,), (tangents,))[1]
+    with torch.autograd.forward_ad.dual_level():
+        out = f({k: torch.autograd.forward_ad.make_dual(v, tangents[k]) for k, v in params.items()})
+        tangent = {k: torch.autograd.forward_ad.unpack_dual(v).tangent for k, v in out.items()}
+    assert_same(tangent, expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
 def test_gradcheck_through_steps(name):
     """torch.autograd.gradcheck on the final params as a function of initial params and lr."""
     params, x, y = problem()

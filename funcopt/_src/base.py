@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, Protocol
 import optree
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 
 Params = Any
 """A pytree of tensors (dict, list, tuple, NamedTuple, ... of `torch.Tensor`)."""
@@ -92,10 +93,11 @@ def readable(t: Tensor) -> bool:
 def untraced(hyperparams: dict[str, Any], *leaf_lists: Sequence[Any]) -> bool:
     """Whether nothing traces this computation but autograd, if it records: no
     torch.compile, no torch.func transform, no tensor hyperparameter, no tensor
-    subclass. Then ``torch._foreach_*`` ops may serve (they have no vmap rule, and take
-    coefficients as numbers): in place, in fresh memory, where autograd records nothing
-    as well (see ``inplace.py``), out of place where it records."""
-    if tracing():
+    subclass, no forward-mode AD level (``torch.autograd.forward_ad``). Then
+    ``torch._foreach_*`` ops may serve (they have no vmap rule, take coefficients as
+    numbers, and some have no forward-mode formula): in place, in fresh memory, where
+    autograd records nothing as well (see ``inplace.py``), out of place where it records."""
+    if tracing() or forward_ad._current_level >= 0:  # dual tensors need neither out= nor foreach ops
         return False
     for value in hyperparams.values():
         if any(isinstance(v, Tensor) for v in (value if isinstance(value, tuple) else (value,))):
