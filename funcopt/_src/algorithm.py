@@ -45,7 +45,6 @@ from .base import (
     readable,
     real_dtype,
     records,
-    tracing,
     tree_flatten,
     untraced,
 )
@@ -236,7 +235,7 @@ class Algorithm:
         save their inputs for the backward pass, which writing them in place would
         break (torch's differentiable optimizers use no foreach either).
         """
-        lists_ok = not (traceable or tracing()) and untraced(hyperparams, g_leaves, p_leaves, *columns)
+        lists_ok = not traceable and untraced(hyperparams, g_leaves, p_leaves, *columns)
         eager = lists_ok and not records(g_leaves, p_leaves, *columns)
         new_columns = [list(column) for column in columns]
         k = len(self.counters)
@@ -268,17 +267,13 @@ class Algorithm:
             # Without params the math never reads p: only weight decay does, and `update`
             # refuses it without params. The in-place paths then take p as None.
             like = g if p is None else p  # what the update is shaped and typed like
-            in_lists = (
-                lists_ok
-                and not g.is_sparse
-                and (
-                    inplace.fresh_in_lists(like)
-                    if eager
-                    else grouped_under_autograd(like)
-                    and not written_back
-                    and not any(isinstance(c, Tensor) for c in coefficients)  # PureForEach takes numbers
-                )
-            )
+            if not lists_ok or g.is_sparse:
+                in_lists = False
+            elif eager:
+                in_lists = inplace.fresh_in_lists(like)
+            else:  # autograd records; PureForEach takes numbers as coefficients
+                in_lists = grouped_under_autograd(like) and not written_back
+                in_lists = in_lists and not any(isinstance(c, Tensor) for c in coefficients)
             if in_lists:  # the group's math runs with foreach ops after this loop
                 _, indices, group = lists.setdefault(  # the value keeps the coefficients (the key's id) alive
                     # those that record apart: all a foreach op's outputs record if one does
