@@ -27,7 +27,7 @@ from helpers import (
 )
 
 import funcopt as fo
-from funcopt._src import algorithm, inplace
+from funcopt._src import base, inplace
 
 CASES = [(name, desc, kwargs) for name in ALGORITHMS for desc, kwargs in optim_inputs(name)]
 DTYPES = [torch.float32, torch.float64, torch.complex64]
@@ -47,7 +47,7 @@ def path(request, monkeypatch):
     if request.param == "lists":
         monkeypatch.setattr(inplace, "use_lists", lambda p: True)
     if request.param == "traced":
-        monkeypatch.setattr(algorithm, "tracing", lambda: True)
+        monkeypatch.setattr(base, "tracing", lambda: True)
     return request.param
 
 
