@@ -4,7 +4,8 @@
   table of option combinations (capturable, foreach, differentiable, Tensor lr, ...).
 - Checkpoints moved between CUDA and CPU resume as torch's do.
 - torch.func (grad, vmap) through CUDA steps, with hyperparameters on the GPU or on the
-  CPU, agrees with the same computation on the CPU.
+  CPU, agrees with the same computation on the CPU; so do plain autograd and
+  forward-mode AD through CUDA steps.
 - torch.compile (inductor, so Triton kernels) of the pure step and of the adapter's step.
 """
 
@@ -142,6 +143,42 @@ def test_hypergradients_and_vmap_on_cuda_match_cpu(name):
         torch.testing.assert_close(grad(on_cuda)(lr.to(lr_device)).cpu(), expected_grad)
     lrs = torch.linspace(0.5, 1.5, 4, dtype=F64) * lr
     torch.testing.assert_close(vmap(on_cuda)(lrs.cuda()).cpu(), torch.stack([on_cpu(v) for v in lrs]))
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_autograd_steps_on_cuda_match_cpu(name):
+    """Steps that plain autograd records (a MAML inner loop; small tensors step in
+    groups with foreach ops, large ones one by one) and forward-mode AD with dual
+    tensors through CUDA steps agree with the CPU, and a frozen leaf stays frozen."""
+    gen = torch.Generator().manual_seed(0)
+    shapes = {"small": (4, 3), "scalar": (), "large": (130, 130), "one": (1,), "frozen": (2,)}
+    init = {k: torch.randn(s, dtype=F64, generator=gen) for k, s in shapes.items()}
+
+    def run(device):
+        leaves = {k: v.to(device).requires_grad_(k != "frozen") for k, v in init.items()}
+        params, tx = leaves, factory(name)(lr=0.05, weight_decay=0.05)
+        state = tx.init(params)
+        for _ in range(3):
+            updates, state = tx.update({k: torch.sin(v) for k, v in params.items()}, state, params)
+            params = fo.apply_updates(params, updates)
+        assert not params["frozen"].requires_grad and params["one"].requires_grad
+        trained = [v.detach().cpu() for v in params.values()]
+        loss = sum(v.pow(2).sum() for v in params.values())
+        grads = torch.autograd.grad(loss, [v for k, v in leaves.items() if k != "frozen"])
+        with torch.autograd.forward_ad.dual_level():
+            duals = {
+                k: torch.autograd.forward_ad.make_dual(v.detach(), torch.ones_like(v))
+                for k, v in leaves.items()
+            }
+            params, state = duals, tx.init(duals)
+            for _ in range(3):
+                updates, state = tx.update({k: torch.sin(v) for k, v in params.items()}, state, params)
+                params = fo.apply_updates(params, updates)
+            tangents = [torch.autograd.forward_ad.unpack_dual(v).tangent.cpu() for v in params.values()]
+        return trained, [g.cpu() for g in grads], tangents
+
+    on_cuda, on_cpu = run("cuda"), run("cpu")
+    assert_same(on_cuda, on_cpu, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
