@@ -134,16 +134,20 @@ def apply_updates(params: Params, updates: Updates) -> Params:
     (ps, us), unflatten = flatten_together(params, updates)
     new = list(ps)  # a None update (or param) leaves the param as it is
     todo = [i for i, (p, u) in enumerate(zip(ps, us)) if p is not None and u is not None]
-    # one foreach call for those alike: one kernel per group on a GPU, one autograd node
-    alike = [i for i in todo if ps[i].dtype == us[i].dtype and not us[i].is_sparse]
-    groups = [alike] if untraced({}, ps, us) else []
-    if groups and records(ps, us):  # those that record apart: all a foreach op's outputs record if one does
-        alike = [i for i in alike if grouped_under_autograd(ps[i])]
-        groups = [[i for i in alike if records((ps[i], us[i])) is r] for r in (True, False)]
-    for group in groups:
-        if group:
-            for i, s in zip(group, torch._foreach_add([ps[i] for i in group], [us[i] for i in group])):
-                new[i] = s
+    # one foreach call per group of those alike: one kernel on a GPU, one autograd node
+    groups: dict[bool, list[int]] = {}  # by whether they record: a foreach op's outputs all do if one does
+    if untraced({}, ps, us):
+        recording = records(ps, us)
+        for i in todo:
+            if (
+                ps[i].dtype == us[i].dtype
+                and not us[i].is_sparse
+                and (not recording or grouped_under_autograd(ps[i]))
+            ):
+                groups.setdefault(recording and records((ps[i], us[i])), []).append(i)
+    for group in groups.values():
+        for i, s in zip(group, torch._foreach_add([ps[i] for i in group], [us[i] for i in group])):
+            new[i] = s
     todo = [i for i in todo if new[i] is ps[i]]
     for i in todo:
         new[i] = (ps[i] + us[i]).to(ps[i].dtype)

@@ -18,9 +18,9 @@ Rules the math follows:
   (the adapters), a zero update in fresh memory (the functional path in plain eager
   mode: `Fresh` memory for blocks of large CPU tensors, zeros in the lists of `ForEach`
   groups, on a GPU and for small CPU tensors), or ``None``, a zero update
-  not yet allocated (`Pure`, `PureForEach`). Only ``add_``, ``addcdiv_`` and ``decay_`` write to
-  ``out``, the math uses the ``out`` they return, and it reads ``p`` before it writes to
-  ``out``.
+  not yet allocated (`Pure`, `PureForEach`). Only ``add_``, ``addcdiv_`` and ``decay_``
+  write to ``out``, the math uses the ``out`` they return, and it reads ``p`` before it
+  writes to ``out``.
 - `ForEach` is `InPlace` with every tensor argument a `TensorList`: each op is one
   ``torch._foreach_*`` call for a whole group of params (one kernel launch on a GPU,
   where per-tensor ops are bound by launch overhead; one call instead of a Python call
@@ -170,9 +170,10 @@ class ForEach:
 
 class PureForEach:
     """`Pure` on lists of tensors: one out-of-place ``torch._foreach_*`` call per op,
-    which autograd records as one node for the whole group. For the functional path
-    where autograd records (a MAML inner loop, a differentiable adapter step) and no
-    torch.func transform runs; coefficients are Python numbers."""
+    which autograd records as one node for the whole group. For the functional update
+    where autograd records (a MAML inner loop) and no torch.func transform runs; never
+    for the adapters' differentiable step, which writes its results into its inputs.
+    Coefficients are Python numbers."""
 
     neg = staticmethod(_foreach(torch._foreach_neg))
     abs = staticmethod(_foreach(torch._foreach_abs))
