@@ -154,13 +154,18 @@ def test_autograd_steps_on_cuda_match_cpu(name):
     shapes = {"small": (4, 3), "scalar": (), "large": (130, 130), "one": (1,), "frozen": (2,)}
     init = {k: torch.randn(s, dtype=F64, generator=gen) for k, s in shapes.items()}
 
-    def run(device):
-        leaves = {k: v.to(device).requires_grad_(k != "frozen") for k, v in init.items()}
-        params, tx = leaves, factory(name)(lr=0.05, weight_decay=0.05)
+    tx = factory(name)(lr=0.05, weight_decay=0.05)
+
+    def train(params):
         state = tx.init(params)
         for _ in range(3):
             updates, state = tx.update({k: torch.sin(v) for k, v in params.items()}, state, params)
             params = fo.apply_updates(params, updates)
+        return params
+
+    def run(device):
+        leaves = {k: v.to(device).requires_grad_(k != "frozen") for k, v in init.items()}
+        params = train(leaves)
         assert not params["frozen"].requires_grad and params["one"].requires_grad
         trained = [v.detach().cpu() for v in params.values()]
         loss = sum(v.pow(2).sum() for v in params.values())
@@ -170,11 +175,7 @@ def test_autograd_steps_on_cuda_match_cpu(name):
                 k: torch.autograd.forward_ad.make_dual(v.detach(), torch.ones_like(v))
                 for k, v in leaves.items()
             }
-            params, state = duals, tx.init(duals)
-            for _ in range(3):
-                updates, state = tx.update({k: torch.sin(v) for k, v in params.items()}, state, params)
-                params = fo.apply_updates(params, updates)
-            tangents = [torch.autograd.forward_ad.unpack_dual(v).tangent.cpu() for v in params.values()]
+            tangents = [torch.autograd.forward_ad.unpack_dual(v).tangent.cpu() for v in train(duals).values()]
         return trained, [g.cpu() for g in grads], tangents
 
     on_cuda, on_cpu = run("cuda"), run("cpu")

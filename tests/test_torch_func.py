@@ -181,8 +181,7 @@ def test_autograd_groups_small_tensors_like_one_by_one(name, monkeypatch):
 
     def run():
         leaves = {k: v.clone().requires_grad_(k != "frozen") for k, v in init.items()}
-        params, state = leaves, None
-        tx = make(name, hp)
+        params, tx = leaves, make(name, hp)
         state = tx.init(params)
         for _ in range(STEPS):
             grads = {k: torch.sin(v) * 0.1 for k, v in params.items()}  # recorded by autograd
