@@ -180,6 +180,68 @@ def test_update_with_mismatched_shapes(name):
         tx.update(small, state, small)
 
 
+# (params, grads) -> (grads, the params init gets, params), with one tree that differs;
+# then what the error says
+STRUCTURE_CASES = {
+    "a loss for grads": (
+        lambda p, g: (torch.tensor(1.0), p, p),
+        r"state\.step does not .* \(it has a dict where a leaf belongs\)",
+    ),
+    "grads of other params": (
+        lambda p, g: ({"a": g["a"], "c": g["b"]}, p, p),
+        r"state\.step does not .*key mismatch",
+    ),
+    "grads as a list": (lambda p, g: (list(g.values()), p, p), r"state\.step does not .*instance of list"),
+    "params as a list": (
+        lambda p, g: (g, p, list(p.values())),
+        r"params does not have the structure of grads",
+    ),
+    "a state of other params": (lambda p, g: (g, [p["a"]], p), r"state\.step does not have the structure"),
+}
+
+
+@pytest.mark.parametrize("case", STRUCTURE_CASES)
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_update_with_mismatched_structures(name, case):
+    """grads, state and params whose structures differ raise an error that names the
+    tree that differs and says what to pass, not an error from deep inside the step."""
+    params = {"a": torch.randn(3), "b": torch.randn(2)}
+    mismatch, match = STRUCTURE_CASES[case]
+    grads, init_params, params = mismatch(params, {"a": torch.randn(3), "b": torch.randn(2)})
+    tx = factory(name)()
+    state = tx.init(init_params)
+    with pytest.raises(ValueError, match=rf"^{name} update: {match}.*structure of the params given to init"):
+        tx.update(grads, state, params)
+
+
+def test_update_and_apply_take_any_kind_of_dict():
+    """An OrderedDict (``model.state_dict()``) and a dict of the same keys match."""
+    from collections import OrderedDict
+
+    import funcopt as fo
+
+    params = OrderedDict(a=torch.randn(3), b=torch.randn(2))
+    tx = fo.adamax()
+    updates, _ = tx.update({"b": torch.ones(2), "a": torch.ones(3)}, tx.init(params), params)
+    new = fo.apply_updates(params, updates)
+    assert type(updates) is dict and type(new) is OrderedDict  # noqa: E721
+    torch.testing.assert_close(new["a"], params["a"] - 2e-3)
+
+
+def test_apply_updates_with_mismatched_structure():
+    import funcopt as fo
+
+    params = {"a": torch.randn(3), "b": torch.randn(2)}
+    with pytest.raises(
+        ValueError, match=r"^apply_updates: updates does not .*missing key\(s\): \['b'\]\)\. Pass"
+    ):
+        fo.apply_updates(params, {"a": torch.randn(3)})
+    with pytest.raises(
+        ValueError, match=r"updates does not have the structure of params \(Expected an instance of dict"
+    ):
+        fo.apply_updates(params, torch.randn(3))
+
+
 def test_optimizer_rejects_non_transform():
     import funcopt as fo
 

@@ -203,7 +203,13 @@ class Algorithm:
             raise ValueError(
                 f"{self.name} with weight_decay needs the params: call update(grads, state, params)"
             )
-        leaves, unflatten = flatten_together(grads, *state, *(() if params is None else (params,)))
+        leaves, unflatten = flatten_together(
+            grads,
+            *state,
+            *(() if params is None else (params,)),
+            names=(f"{self.name} update: grads", *(f"state.{f}" for f in self.fields), "params"),
+            hint="grads, params and each field of the state must have the structure of the params given to init.",
+        )
         g_leaves, columns = leaves[0], leaves[1 : 1 + len(state)]
         p_leaves: list[Any] = [None] * len(g_leaves) if params is None else leaves[-1]
         updates, new_columns = self.update_leaves(hyperparams, p_leaves, g_leaves, columns)
