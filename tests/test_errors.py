@@ -180,6 +180,33 @@ def test_update_with_mismatched_shapes(name):
         tx.update(small, state, small)
 
 
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_update_with_mismatched_dtypes(name):
+    """A gradient of another dtype than its param raises an error naming the leaf, rather
+    than one from inside the math (or, under autograd, a silently promoted update)."""
+    params = {"a": torch.randn(3), "b": torch.randn(2)}
+    tx = factory(name)()
+    grads = {"a": torch.randn(3), "b": torch.randn(2, dtype=torch.float64)}
+    with pytest.raises(
+        ValueError, match=r"dtypes of leaf 1 differ \(gradient float64, param float32, \w+ float32"
+    ):
+        tx.update(grads, tx.init(params), params)
+    with pytest.raises(ValueError, match=r"dtypes of leaf 1 differ \(gradient float64, \w+ float32"):
+        tx.update(grads, tx.init(params))
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_leaves_that_are_not_tensors(name):
+    tx = factory(name)()
+    with pytest.raises(
+        TypeError, match=rf"^{name} init: leaf 1 of params is a float; params must be a pytree of tensors"
+    ):
+        tx.init({"a": torch.randn(3), "b": [1.0]})
+    params = {"a": torch.randn(3), "b": torch.randn(2)}
+    with pytest.raises(TypeError, match=rf"^{name} update: the gradient of leaf 0 is a float; grads must be"):
+        tx.update({"a": 0.5, "b": torch.randn(2)}, tx.init(params), params)
+
+
 # (params, grads) -> (grads, the params init gets, params), with one tree that differs;
 # then what the error says
 STRUCTURE_CASES = {

@@ -173,11 +173,16 @@ class Algorithm:
         k = len(self.counters)
         shared: dict[torch.device, list[Tensor]] = {}  # one counter per device, shared
         columns: list[list[Any]] = [[] for _ in self.fields]
-        for p in leaves:
+        for i, p in enumerate(leaves):
             if p is None:
                 for column in columns:
                     column.append(None)
                 continue
+            if not isinstance(p, Tensor):
+                raise TypeError(
+                    f"{self.name} init: leaf {i} of params is a {type(p).__name__}; "
+                    "params must be a pytree of tensors"
+                )
             if p.device not in shared:
                 shared[p.device] = [
                     torch.as_tensor(v, dtype=scalar_dtype(), device=p.device) for v in initial[:k]
@@ -252,6 +257,11 @@ class Algorithm:
             if g is None:  # skipped, as torch skips a param without .grad
                 updates.append(None)
                 continue
+            if not isinstance(g, Tensor):
+                raise TypeError(
+                    f"{self.name} update: the gradient of leaf {i} is a {type(g).__name__}; "
+                    "grads must be a pytree of tensors (None for a param to skip)"
+                )
             self.check_grad(g, hyperparams)
             counters = tuple(column[i] for column in columns[:k])
             # Leaves share their counter tensors (see init): the schedule is computed once
@@ -268,8 +278,8 @@ class Algorithm:
                 column[i] = value
             buffers = [column[i] for column in columns[k:]]
             for t in (p, *buffers):
-                if t is not None and t.shape != g.shape:
-                    raise self._shape_error(i, p, g, buffers)
+                if t is not None and (t.shape != g.shape or t.dtype != g.dtype):
+                    raise self._mismatch_error(i, p, g, buffers)
             # Without params the math never reads p: only weight decay does, and `update`
             # refuses it without params. The in-place paths then take p as None.
             like = g if p is None else p  # what the update is shaped and typed like
@@ -315,16 +325,19 @@ class Algorithm:
                     column[i] = values[j]
         return updates, new_columns
 
-    def _shape_error(self, i: int, p: Tensor | None, g: Tensor, buffers: Sequence[Tensor]) -> ValueError:
+    def _mismatch_error(self, i: int, p: Tensor | None, g: Tensor, buffers: Sequence[Tensor]) -> ValueError:
         """Shapes that differ would broadcast: the update, the new state and then the
-        param would silently take another shape."""
-        shapes = [f"gradient {tuple(g.shape)}"]
-        if p is not None:
-            shapes.append(f"param {tuple(p.shape)}")
+        param would silently take another shape. Dtypes that differ would fail inside the
+        math with an error that names no tensor, or promote the update."""
+        what = "shapes" if any(t is not None and t.shape != g.shape for t in (p, *buffers)) else "dtypes"
+        show = (
+            (lambda t: tuple(t.shape)) if what == "shapes" else (lambda t: str(t.dtype).replace("torch.", ""))
+        )
         k = len(self.counters)
-        shapes += [f"{name} {tuple(b.shape)}" for name, b in zip(self.fields[k:], buffers)]
+        named = [("gradient", g), ("param", p), *zip(self.fields[k:], buffers)]
         return ValueError(
-            f"{self.name} update: the shapes of leaf {i} differ ({', '.join(shapes)}). "
+            f"{self.name} update: the {what} of leaf {i} differ "
+            f"({', '.join(f'{name} {show(t)}' for name, t in named if t is not None)}). "
             "Pass the gradients of these params, and a state that init made from them."
         )
 
