@@ -126,6 +126,36 @@ def test_maml_gradient_wrt_initial_params(name):
     assert_same({k: v.grad for k, v in leaves.items()}, g, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_first_order_maml(name):
+    """inner_loop(first_order=True) detaches the inner gradients: the meta-gradient is the
+    outer loss's gradient at the adapted params, by torch.func.grad and by autograd. The
+    learning rate stays differentiable: without weight decay (which reads the params)
+    every update is linear in it, so d loss / d lr = grad . (adapted - params) / lr."""
+    params, x, y = problem()
+    hp = {k: v for k, v in HYPER[name].items() if k != "weight_decay"}
+    lr = torch.tensor(hp.pop("lr"), dtype=F64)
+
+    def adapt(p, lr, first_order=True):
+        tx = make(name, {**hp, "lr": lr})
+        return fo.inner_loop(loss_fn, p, tx, [(x, y)] * STEPS, first_order=first_order)[0]
+
+    adapted = adapt(params, lr)
+    at_adapted = grad(loss_fn)(adapted, x, y)
+    meta = grad(lambda p: loss_fn(adapt(p, lr), x, y))(params)
+    assert_same(meta, at_adapted, rtol=1e-9, atol=1e-12)
+    second_order = grad(lambda p: loss_fn(adapt(p, lr, first_order=False), x, y))(params)
+    assert (second_order["w"] - meta["w"]).abs().max() > 1e-4
+
+    leaves = {k: v.clone().requires_grad_() for k, v in params.items()}
+    loss_fn(adapt(leaves, lr), x, y).backward()
+    assert_same({k: v.grad for k, v in leaves.items()}, at_adapted, rtol=1e-9, atol=1e-12)
+
+    hypergrad = grad(lambda lr: loss_fn(adapt(params, lr), x, y))(lr)
+    expected = sum((at_adapted[k] * (adapted[k] - params[k])).sum() for k in params) / lr
+    torch.testing.assert_close(hypergrad, expected, rtol=1e-9, atol=1e-12)
+
+
 VARIANTS = [(n, {}) for n in ALGORITHMS] + [
     ("Adadelta", {"maximize": True}),
     ("Adagrad", {"maximize": True, "eps_root": 1e-8}),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import optree
 import torch
 from torch import Tensor
 
@@ -18,6 +19,8 @@ def inner_loop(
     transform: GradientTransformation,
     batches: Iterable[tuple[Any, ...]],
     state: State | None = None,
+    *,
+    first_order: bool = False,
 ) -> tuple[Params, State, list[Tensor]]:
     """Take one step of `transform` on ``loss_fn(params, *batch)`` for each batch.
 
@@ -27,6 +30,12 @@ def inner_loop(
     ``torch.func.grad`` or ``.backward()`` to get a second-order meta-gradient, or
     ``vmap`` the whole loop over tasks or hyperparameters.
 
+    With ``first_order=True`` the inner gradients are detached (first-order MAML, as
+    higher's ``track_higher_grads=False`` or learn2learn's ``first_order=True``): each
+    step's update is then a constant, the meta-gradient is the gradient of the outer
+    loss at the adapted params, and no second-order graph is built. Tensor
+    hyperparameters stay differentiable, through the updates they scale.
+
     Args:
         loss_fn: ``loss_fn(params, *batch) -> scalar``. For a module, build it with
             ``torch.func.functional_call(model, params, (x,))``.
@@ -35,6 +44,7 @@ def inner_loop(
         batches: one tuple of extra ``loss_fn`` arguments per step, e.g.
             ``[(x, y)] * steps`` to take `steps` steps on the same batch.
         state: the transform's state to start from (default: ``transform.init(params)``).
+        first_order: detach the inner gradients (first-order MAML).
 
     Returns:
         ``(params, state, losses)``: the adapted params, the final state, and the loss
@@ -58,6 +68,8 @@ def inner_loop(
     losses = []
     for batch in batches:
         grads, loss = grad_and_loss(params, *batch)
+        if first_order:
+            grads = optree.tree_map(torch.Tensor.detach, grads)
         updates, state = transform.update(grads, state, params)
         params = apply_updates(params, updates)
         losses.append(loss)
