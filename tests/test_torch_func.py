@@ -386,6 +386,30 @@ def test_compile_fullgraph_without_recompiles(name):
     assert_same(list(comp_s), list(eager_s), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_compiled_step_with_a_scheduled_lr(name):
+    """A schedule: the transformation built inside the compiled step from a 0-d tensor lr
+    that changes every step. It compiles once and matches eager steps."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    params, x, y = problem(dtype=torch.float32)
+
+    def step(params, state, lr):
+        updates, state = factory(name)(lr=lr).update(grad(loss_fn)(params, x, y), state, params)
+        return fo.apply_updates(params, updates), state
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    eager_p, eager_s = params, factory(name)().init(params)
+    comp_p, comp_s = params, factory(name)().init(params)
+    for i in range(4):
+        lr = torch.tensor(0.1 * 0.5**i, dtype=torch.float32)
+        eager_p, eager_s = step(eager_p, eager_s, lr.item())
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            comp_p, comp_s = compiled(comp_p, comp_s, lr)
+    assert_same(comp_p, eager_p, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_compiled_write_back_matches_pure_steps(name, dtype):
