@@ -308,6 +308,35 @@ def test_gradcheck_through_steps(name):
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
+def test_forward_over_reverse_through_steps(name):
+    """Second derivatives by forward-over-reverse (torch.func.hessian, jvp of grad), as
+    implicit differentiation and Hessian-vector products need them: the Hessian of the
+    post-adaptation loss in lr, and a Hessian-vector product in the initial params,
+    against central differences of the gradient."""
+    params, x, y = problem()
+
+    def f(p, lr):
+        return train(name, {**HYPER[name], "lr": lr}, p, x, y)
+
+    lr = torch.tensor(HYPER[name]["lr"], dtype=F64)
+    d2 = torch.func.hessian(f, argnums=1)(params, lr)
+    torch.testing.assert_close(
+        d2, central_difference(lambda t: grad(f, argnums=1)(params, t), lr, 1.0), rtol=1e-5, atol=1e-8
+    )
+
+    v = {k: torch.randn_like(t) for k, t in params.items()}
+    _, hvp = jvp(lambda p: grad(f)(p, lr), (params,), (v,))
+    fd = central_difference(
+        lambda t: torch.cat(
+            [g.flatten() for g in grad(f)({k: params[k] + t * v[k] for k in params}, lr).values()]
+        ),
+        torch.zeros((), dtype=F64),
+        torch.ones((), dtype=F64),
+    )
+    torch.testing.assert_close(torch.cat([hvp[k].flatten() for k in params]), fd, rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
 def test_vmap_over_hyperparameters_equals_loop(name):
     """One vmapped run over N settings of several hyperparameters at once = N runs."""
     params, x, y = problem()
