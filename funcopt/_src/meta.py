@@ -31,10 +31,11 @@ def inner_loop(
     ``vmap`` the whole loop over tasks or hyperparameters.
 
     With ``first_order=True`` the inner gradients are detached (first-order MAML, as
-    higher's ``track_higher_grads=False`` or learn2learn's ``first_order=True``): each
-    step's update is then a constant, the meta-gradient is the gradient of the outer
-    loss at the adapted params, and no second-order graph is built. Tensor
-    hyperparameters stay differentiable, through the updates they scale.
+    higher's ``track_higher_grads=False`` or learn2learn's ``first_order=True``), and no
+    second-order graph is built. Without weight decay (which reads the params) each
+    step's update is then a constant, so the meta-gradient is the gradient of the outer
+    loss at the adapted params. Tensor hyperparameters stay differentiable, through the
+    updates they scale.
 
     Args:
         loss_fn: ``loss_fn(params, *batch) -> scalar``. For a module, build it with
