@@ -58,7 +58,7 @@ def inner_loop(
         >>> def loss_fn(params, x, y):
         ...     out = torch.func.functional_call(model, params, (x,))
         ...     return torch.nn.functional.mse_loss(out, y)
-        >>> x, y = torch.ones(4, 2), torch.zeros(4, 1)
+        >>> x, y = torch.ones(4, 2), torch.full((4, 1), 2.0)  # far from any initial output
         >>> adapted, state, losses = fo.inner_loop(loss_fn, params, fo.adamax(lr=0.1), [(x, y)] * 5)
         >>> bool(losses[-1] < losses[0]), int(state.step["weight"])
         (True, 5)
