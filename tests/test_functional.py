@@ -15,6 +15,13 @@ import funcopt as fo
 from funcopt._src import inplace
 from funcopt._src.algorithm import Algorithm
 
+ALGORITHM_COUNTERS = {
+    "Adadelta": ["step"],
+    "Adagrad": ["step"],
+    "Adamax": ["step"],
+    "NAdam": ["step", "mu_product"],
+}
+
 NUMERIC = {
     "Adadelta": dict(lr=0.5, rho=0.8, eps=1e-5, weight_decay=0.1),
     "Adagrad": dict(lr=0.1, lr_decay=0.05, weight_decay=0.1, initial_accumulator_value=0.2, eps=1e-8),
@@ -182,6 +189,47 @@ def test_compiled_update_keeps_any_pytree(name):
             expected, none_is_leaf=True
         )
         assert_same(optree.tree_leaves(got), optree.tree_leaves(expected), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_saved_state_loads_with_weights_only(name):
+    """A state saved with torch.save loads with torch.load's default (weights_only=True),
+    a chain's too, and steps as the original does."""
+    import io
+
+    params, grads = params_and_grads()
+    for tx in (factory(name)(**NUMERIC[name]), fo.chain(fo.clip_by_global_norm(0.5), factory(name)())):
+        _, state = run(tx, params, grads[:2])
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer)
+        assert type(loaded) is type(state)
+        assert_same(
+            list(tx.update(grads[2], loaded, params)),
+            list(tx.update(grads[2], state, params)),
+            rtol=0,
+            atol=0,
+        )
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_state_with_separate_counters(name):
+    """init shares one counter tensor among the leaves; a state moved with tree_map has
+    one per leaf. Its next update gives the same results, and its leaves share their
+    new counters again, so that later updates compute the schedule once and step small
+    tensors in groups."""
+    params, grads = params_and_grads()
+    tx = factory(name)(**NUMERIC[name])
+    _, state = run(tx, params, grads[:2])
+    assert state.step["w"] is state.step["b"]
+    moved = optree.tree_map(torch.clone, state)
+    assert moved.step["w"] is not moved.step["b"]
+    updates, new = tx.update(grads[2], moved, params)
+    expected_updates, expected_state = tx.update(grads[2], state, params)
+    assert_same([updates, *new], [expected_updates, *expected_state], rtol=0, atol=0)
+    counters = [field for field in new._fields if getattr(new, field)["w"].dim() == 0]
+    assert counters and all(getattr(new, c)["w"] is getattr(new, c)["b"] for c in counters)
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)

@@ -135,6 +135,8 @@ class Algorithm:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fields", tuple(self.state._fields))
+        # a saved state loads with torch.load's default weights_only=True
+        torch.serialization.add_safe_globals([self.state])
 
     # -- checks ---------------------------------------------------------------
 
@@ -251,6 +253,7 @@ class Algorithm:
         new_columns = [list(column) for column in columns]
         k = len(self.counters)
         last: tuple[tuple[Any, ...], Any] | None = None  # the previous leaf's (counters, schedule)
+        by_value: dict[Any, Any] = {}  # readable counters' values -> their schedule
         lists: dict[Any, tuple[Any, list[int], list[list[Tensor]]]] = {}  # groups of leaves, by coefficients
         updates: list[Tensor | None] = []
         for i, (p, g) in enumerate(zip(p_leaves, g_leaves)):
@@ -271,7 +274,7 @@ class Algorithm:
             if last is not None and all(a is b for a, b in zip(last[0], counters)):
                 schedule = last[1]
             else:
-                schedule = self._schedule(counters, hyperparams, traceable)
+                schedule = self._schedule(counters, hyperparams, traceable, by_value)
                 last = (counters, schedule)
             new, coefficients = schedule
             for column, value in zip(new_columns, new):
@@ -342,20 +345,37 @@ class Algorithm:
         )
 
     def _schedule(
-        self, counters: tuple[Tensor, ...], hyperparams: Hyperparams, traceable: bool
+        self,
+        counters: tuple[Tensor, ...],
+        hyperparams: Hyperparams,
+        traceable: bool,
+        by_value: dict[Any, Any],
     ) -> tuple[tuple[Tensor, ...], tuple[Any, ...]]:
         """New counters (tensors of the old ones' dtype) and the step's coefficients,
         computed from the counters' values in Python doubles, as torch does, where they
         may be read (see `readable`: also under a torch.func transform that neither
         batches nor differentiates them); else (torch.compile, a capturable step) from
-        float64 0-d tensors, which stay traceable and batchable."""
+        float64 0-d tensors, which stay traceable and batchable.
+
+        Read values are looked up in `by_value` first: leaves whose counters are equal
+        but not shared (a state from ``torch.load``, or moved with ``tree_map``) then
+        get the same schedule, step in the same groups, and share their new counters."""
         if not traceable and all(readable(c) for c in counters):
-            new, coefficients = self.schedule(*(c.item() for c in counters), **hyperparams)
-            return tuple(
-                # a value computed from a tensor hyperparameter stays in its graph
-                v.to(c.dtype) if isinstance(v, Tensor) else torch.tensor(v, dtype=c.dtype, device=c.device)
-                for v, c in zip(new, counters)
-            ), coefficients
+            values = tuple(c.item() for c in counters)
+            key = (values, tuple((c.dtype, c.device) for c in counters))
+            if key not in by_value:
+                new, coefficients = self.schedule(*values, **hyperparams)
+                by_value[key] = (
+                    tuple(
+                        # a value computed from a tensor hyperparameter stays in its graph
+                        v.to(c.dtype)
+                        if isinstance(v, Tensor)
+                        else torch.tensor(v, dtype=c.dtype, device=c.device)
+                        for v, c in zip(new, counters)
+                    ),
+                    coefficients,
+                )
+            return by_value[key]
         new, coefficients = self.schedule(*(c.to(torch.float64) for c in counters), **hyperparams)
         return tuple(n.to(c.dtype) for n, c in zip(new, counters)), coefficients
 

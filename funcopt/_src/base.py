@@ -46,6 +46,9 @@ class EmptyState(NamedTuple):
     """The state of a stateless transformation."""
 
 
+torch.serialization.add_safe_globals([EmptyState])  # loads with torch.load(weights_only=True)
+
+
 def tree_flatten(tree: Any) -> tuple[list[Any], optree.PyTreeSpec]:
     """Flatten with ``None`` as a leaf, so a missing gradient keeps its place."""
     return optree.tree_flatten(tree, none_is_leaf=True)
