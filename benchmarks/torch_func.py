@@ -8,11 +8,13 @@ the same run.
    math by hand (target: overhead at most 1.2x).
 3. The compiled pure functional step, ``torch.compile(update + apply_updates)``, on the
    step_time.py parameter set (~24M elements), against the faster of torch.optim.X()
-   and X(foreach=True) eager (target: at most 0.8x). Compiling takes a while. It runs
-   twice: with glibc's default allocator settings, then with freed memory kept in the
-   process (see ``keep_freed_memory``), which removes the page faults a pure step can
-   otherwise pay for its fresh outputs. For reference it also times the same compiled
-   update with its results copied back into the inputs (in place, not pure).
+   and X(foreach=True) eager (target: at most 0.8x). Compiling takes a while. Each
+   algorithm runs in a new process, as a training run would (the pure step's speed
+   depends on the heap's history), twice: with glibc's default allocator settings, then
+   with freed memory kept in the process (see ``keep_freed_memory``), which removes the
+   page faults a pure step can otherwise pay for its fresh outputs. For reference it
+   also times the same compiled update with its results copied back into the inputs (in
+   place, not pure).
 
 4. With ``--compiled-adapter``: ``torch.compile(optimizer.step)`` of funcopt's adapter
    against torch.optim's compiled step, on the same parameter set, with the time of the
@@ -32,6 +34,7 @@ import ctypes
 import functools
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -196,60 +199,84 @@ def page_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def compile_benchmark(rounds: int, algorithms: list[str], allocator: str, device: str = "cpu") -> None:
+def compile_benchmark(rounds: int, algorithms: list[str], keep: bool, device: str = "cpu") -> None:
+    """Each algorithm in a process of its own, as a training run would have it: the
+    pure step's time depends on the heap's history (see keep_freed_memory), which
+    earlier sections and algorithms would otherwise set."""
     shapes = benchmark_shapes()
-    sync = synchronizer(device)
+    if device != "cpu":
+        setting = torch.cuda.get_device_name(device)
+    else:
+        setting = "freed memory kept in the process" if keep else "glibc's default allocator settings"
     print(
         f"3. compiled pure step on {len(shapes)} tensors, "
-        f"{sum(torch.Size(s).numel() for s in shapes) / 1e6:.1f}M elements, {allocator}:"
+        f"{sum(torch.Size(s).numel() for s in shapes) / 1e6:.1f}M elements, {setting}, "
+        "each algorithm in a new process:",
+        flush=True,
     )
     for name in algorithms:
-        params, grads = make_params(shapes, device=device)
-        tx = getattr(fo, name.lower())()
+        command = [
+            sys.executable,
+            __file__,
+            "--compiled-step-of",
+            name,
+            "--rounds",
+            str(rounds),
+            "--device",
+            device,
+        ]
+        subprocess.run(command + (["--keep-freed-memory"] if keep else []), check=True)
 
-        def step(grads, state, params, tx=tx):
-            updates, state = tx.update(grads, state, params)
-            return fo.apply_updates(params, updates), state
 
-        compiled = torch.compile(step, fullgraph=True)
-        box = {"params": params, "state": tx.init(params)}
-        t0 = time.perf_counter()
+def compiled_step_benchmark(rounds: int, name: str, device: str = "cpu") -> None:
+    shapes = benchmark_shapes()
+    sync = synchronizer(device)
+    params, grads = make_params(shapes, device=device)
+    tx = getattr(fo, name.lower())()
+
+    def step(grads, state, params):
+        updates, state = tx.update(grads, state, params)
+        return fo.apply_updates(params, updates), state
+
+    compiled = torch.compile(step, fullgraph=True)
+    box = {"params": params, "state": tx.init(params)}
+    t0 = time.perf_counter()
+    box["params"], box["state"] = compiled(grads, box["state"], box["params"])
+    sync()
+    compile_s = time.perf_counter() - t0
+    faults = []
+
+    def compiled_step():
+        before = page_faults()
         box["params"], box["state"] = compiled(grads, box["state"], box["params"])
-        sync()
-        compile_s = time.perf_counter() - t0
-        faults = []
+        faults.append(page_faults() - before)
 
-        def compiled_step(box=box, compiled=compiled, grads=grads, faults=faults):
-            before = page_faults()
-            box["params"], box["state"] = compiled(grads, box["state"], box["params"])
-            faults.append(page_faults() - before)
+    # the same update, with the results copied back into the inputs inside the
+    # compiled function: inductor then writes them in place (not pure; see recipes)
+    def write_back(grads, state, params):
+        updates, new_state = tx.update(grads, state, params)
+        new = optree.tree_leaves((fo.apply_updates(params, updates), new_state))
+        for dst, src in zip(optree.tree_leaves((params, state)), new):
+            dst.copy_(src)
 
-        # the same update, with the results copied back into the inputs inside the
-        # compiled function: inductor then writes them in place (not pure; see recipes)
-        def write_back(grads, state, params, tx=tx):
-            updates, new_state = tx.update(grads, state, params)
-            new = optree.tree_leaves((fo.apply_updates(params, updates), new_state))
-            for dst, src in zip(optree.tree_leaves((params, state)), new):
-                dst.copy_(src)
+    in_place_step = functools.partial(
+        torch.compile(write_back, fullgraph=True), grads, tx.init(params), [p.clone() for p in params]
+    )
+    in_place_step()
 
-        in_place_step = functools.partial(
-            torch.compile(write_back, fullgraph=True), grads, tx.init(params), [p.clone() for p in params]
-        )
-        in_place_step()
-
-        fns = {"compiled": compiled_step, "in place": in_place_step}
-        for label, foreach in (("torch", False), ("torch foreach", True)):
-            fns[label] = getattr(torch.optim, name)(make_trainable(shapes, device), foreach=foreach).step
-        t = interleaved(fns, rounds, sync=sync)
-        best = min(t["torch"], t["torch foreach"])
-        print(
-            f"   {name:9} compiled {t['compiled'] * 1e3:6.1f} ms, torch {t['torch'] * 1e3:6.1f} ms, "
-            f"foreach {t['torch foreach'] * 1e3:6.1f} ms -> {t['compiled'] / best:.2f}x "
-            f"(target <= 0.8x; {statistics.median(faults):.0f} page faults per compiled step; "
-            f"first call compiled in {compile_s:.0f} s); written back in place "
-            f"{t['in place'] * 1e3:.1f} ms -> {t['in place'] / best:.2f}x",
-            flush=True,
-        )
+    fns = {"compiled": compiled_step, "in place": in_place_step}
+    for label, foreach in (("torch", False), ("torch foreach", True)):
+        fns[label] = getattr(torch.optim, name)(make_trainable(shapes, device), foreach=foreach).step
+    t = interleaved(fns, rounds, sync=sync)
+    best = min(t["torch"], t["torch foreach"])
+    print(
+        f"   {name:9} compiled {t['compiled'] * 1e3:6.1f} ms, torch {t['torch'] * 1e3:6.1f} ms, "
+        f"foreach {t['torch foreach'] * 1e3:6.1f} ms -> {t['compiled'] / best:.2f}x "
+        f"(target <= 0.8x; {statistics.median(faults):.0f} page faults per compiled step; "
+        f"first call compiled in {compile_s:.0f} s); written back in place "
+        f"{t['in place'] * 1e3:.1f} ms -> {t['in place'] / best:.2f}x",
+        flush=True,
+    )
 
 
 # -- 4. compiled adapter step -------------------------------------------------------
@@ -285,18 +312,25 @@ def main() -> None:
     parser.add_argument("--compiled-adapter", action="store_true", help="also run section 4")
     parser.add_argument("--algorithms", default="Adadelta,Adagrad,Adamax,NAdam")
     parser.add_argument("--device", default="cpu", help="where the compiled-step section runs")
+    parser.add_argument("--compiled-step-of", help=argparse.SUPPRESS)  # section 3's child process
+    parser.add_argument("--keep-freed-memory", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.compiled_step_of:
+        if args.keep_freed_memory:
+            keep_freed_memory()
+        compiled_step_benchmark(args.rounds, args.compiled_step_of, args.device)
+        return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     sweep_benchmark(max(5, args.rounds))
     maml_benchmark(3 * args.rounds)  # about 0.1 s a round: more rounds, a steadier median
     algorithms = args.algorithms.split(",")
     if not args.skip_compile:
         if torch.device(args.device).type != "cpu":
-            compile_benchmark(args.rounds, algorithms, torch.cuda.get_device_name(args.device), args.device)
+            compile_benchmark(args.rounds, algorithms, False, args.device)
         else:
-            compile_benchmark(args.rounds, algorithms, "glibc's default allocator settings")
-            if keep_freed_memory():
-                compile_benchmark(args.rounds, algorithms, "freed memory kept in the process")
+            compile_benchmark(args.rounds, algorithms, False)
+            if keep_freed_memory():  # glibc's: the child processes can set it too
+                compile_benchmark(args.rounds, algorithms, True)
     if args.compiled_adapter:
         compiled_adapter_benchmark(args.rounds, algorithms, args.device)
 
