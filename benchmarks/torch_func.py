@@ -215,20 +215,15 @@ def compile_benchmark(rounds: int, algorithms: list[str], keep: bool, device: st
         flush=True,
     )
     for name in algorithms:
-        command = [
-            sys.executable,
-            __file__,
-            "--compiled-step-of",
-            name,
-            "--rounds",
-            str(rounds),
-            "--device",
-            device,
-        ]
-        subprocess.run(command + (["--keep-freed-memory"] if keep else []), check=True)
+        options = [f"--compiled-step-of={name}", f"--rounds={rounds}", f"--device={device}"]
+        subprocess.run(
+            [sys.executable, __file__, *options, *(["--keep-freed-memory"] if keep else [])], check=True
+        )
 
 
 def compiled_step_benchmark(rounds: int, name: str, device: str = "cpu") -> None:
+    """One algorithm's compiled pure step against torch's eager steps, in a process that
+    `compile_benchmark` starts for it."""
     shapes = benchmark_shapes()
     sync = synchronizer(device)
     params, grads = make_params(shapes, device=device)
