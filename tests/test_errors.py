@@ -182,8 +182,8 @@ def test_update_with_mismatched_shapes(name):
 
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_update_with_mismatched_dtypes(name):
-    """A gradient of another dtype than its param raises an error naming the leaf, rather
-    than one from inside the math (or, under autograd, a silently promoted update)."""
+    """A gradient of another dtype than its param raises an error naming the leaf and the
+    dtypes, rather than one from inside the math that names no tensor."""
     params = {"a": torch.randn(3), "b": torch.randn(2)}
     tx = factory(name)()
     grads = {"a": torch.randn(3), "b": torch.randn(2, dtype=torch.float64)}
@@ -251,7 +251,7 @@ def test_update_and_apply_take_any_kind_of_dict():
     tx = fo.adamax()
     updates, _ = tx.update({"b": torch.ones(2), "a": torch.ones(3)}, tx.init(params), params)
     new = fo.apply_updates(params, updates)
-    assert type(updates) is dict and type(new) is OrderedDict  # noqa: E721
+    assert type(updates) is dict and type(new) is OrderedDict
     torch.testing.assert_close(new["a"], params["a"] - 2e-3)
 
 
