@@ -436,6 +436,26 @@ def test_compile_fullgraph_without_recompiles(name):
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
+def test_compiled_vmapped_training_runs(name):
+    """torch.compile over a whole vmapped sweep (gradient, update and apply_updates inside,
+    several steps), fullgraph: equal to the eager sweep."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    params, x, y = problem(dtype=torch.float32)
+
+    def final_loss(lr):
+        adapted, _, _ = fo.inner_loop(
+            loss_fn, params, make(name, {**HYPER[name], "lr": lr}), [(x, y)] * STEPS
+        )
+        return loss_fn(adapted, x, y)
+
+    lrs = torch.linspace(0.01, 0.1, 4)
+    compiled = torch.compile(vmap(final_loss), fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(lrs), vmap(final_loss)(lrs), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
 def test_compiled_step_with_a_scheduled_lr(name):
     """A schedule: the transformation built inside the compiled step from a 0-d tensor lr
     that changes every step. It compiles once and matches eager steps."""
