@@ -358,8 +358,8 @@ class Algorithm:
         float64 0-d tensors, which stay traceable and batchable.
 
         Read values are looked up in `by_value` first: leaves whose counters are equal
-        but not shared (a state from ``torch.load``, or moved with ``tree_map``) then
-        get the same schedule, step in the same groups, and share their new counters."""
+        but not shared (a state moved with ``tree_map``) then get the same schedule,
+        step in the same groups, and share their new counters."""
         if not traceable and all(readable(c) for c in counters):
             values = tuple(c.item() for c in counters)
             key = (values, tuple((c.dtype, c.device) for c in counters))
