@@ -204,7 +204,7 @@ def compile_benchmark(rounds: int, algorithms: list[str], keep: bool, device: st
     pure step's time depends on the heap's history (see keep_freed_memory), which
     earlier sections and algorithms would otherwise set."""
     shapes = benchmark_shapes()
-    if device != "cpu":
+    if torch.device(device).type != "cpu":
         setting = torch.cuda.get_device_name(device)
     else:
         setting = "freed memory kept in the process" if keep else "glibc's default allocator settings"
@@ -320,12 +320,10 @@ def main() -> None:
     maml_benchmark(3 * args.rounds)  # about 0.1 s a round: more rounds, a steadier median
     algorithms = args.algorithms.split(",")
     if not args.skip_compile:
-        if torch.device(args.device).type != "cpu":
-            compile_benchmark(args.rounds, algorithms, False, args.device)
-        else:
-            compile_benchmark(args.rounds, algorithms, False)
-            if keep_freed_memory():  # glibc's: the child processes can set it too
-                compile_benchmark(args.rounds, algorithms, True)
+        compile_benchmark(args.rounds, algorithms, False, args.device)
+        # the allocator settings concern the CPU; where glibc takes them here, so do the children
+        if torch.device(args.device).type == "cpu" and keep_freed_memory():
+            compile_benchmark(args.rounds, algorithms, True)
     if args.compiled_adapter:
         compiled_adapter_benchmark(args.rounds, algorithms, args.device)
 
