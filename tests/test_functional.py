@@ -247,6 +247,20 @@ def test_none_gradient_skips_the_leaf(name):
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
+def test_meta_device_params_give_the_shapes_of_a_real_step(name):
+    """Params on the meta device (a model built without memory, to plan it) step like
+    real ones, with no value read: updates, params and state of the same shapes,
+    dtypes and structure, on the meta device."""
+    params, grads = params_and_grads()
+    tx = factory(name)(**NUMERIC[name])
+    real = run(tx, params, grads[:2])
+    meta = run(tx, *optree.tree_map(lambda t: t.to("meta"), (params, grads[:2])))
+    assert optree.tree_structure(meta) == optree.tree_structure(real)
+    for m, r in zip(optree.tree_leaves(meta), optree.tree_leaves(real)):
+        assert m.is_meta and (m.shape, m.dtype) == (r.shape, r.dtype)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
 def test_bfloat16(name):
     params, grads = params_and_grads(torch.bfloat16)
     new, state = run(factory(name)(**NUMERIC[name]), params, grads)

@@ -252,7 +252,8 @@ class Algorithm:
         eager = lists_ok and not records(g_leaves, p_leaves, *columns)
         new_columns = [list(column) for column in columns]
         k = len(self.counters)
-        last: tuple[tuple[Any, ...], Any] | None = None  # the previous leaf's (counters, schedule)
+        # the previous leaf's counters, their schedule, and whether its coefficients are numbers
+        last: tuple[tuple[Any, ...], Any, bool] | None = None
         by_value: dict[Any, Any] = {}  # readable counters' values -> their schedule
         lists: dict[Any, tuple[Any, list[int], list[list[Tensor]]]] = {}  # groups of leaves, by coefficients
         updates: list[Tensor | None] = []
@@ -271,12 +272,12 @@ class Algorithm:
             # per run of leaves with the same counters. Compared by identity, not id()
             # (torch.compile would guard on id values), and with the last run only (a
             # search of all would make tracing quadratic in the number of leaves).
-            if last is not None and all(a is b for a, b in zip(last[0], counters)):
-                schedule = last[1]
-            else:
+            if last is None or not all(a is b for a, b in zip(last[0], counters)):
                 schedule = self._schedule(counters, hyperparams, traceable, by_value)
-                last = (counters, schedule)
-            new, coefficients = schedule
+                # coefficients in tensors (counters not read: on the meta device, or
+                # traced) take the `Pure` ops; the others take them as numbers
+                last = (counters, schedule, not any(isinstance(c, Tensor) for c in schedule[1]))
+            _, (new, coefficients), numeric = last
             for column, value in zip(new_columns, new):
                 column[i] = value
             buffers = [column[i] for column in columns[k:]]
@@ -286,13 +287,12 @@ class Algorithm:
             # Without params the math never reads p: only weight decay does, and `update`
             # refuses it without params. The in-place paths then take p as None.
             like = g if p is None else p  # what the update is shaped and typed like
-            if not lists_ok or g.is_sparse:
+            if not lists_ok or not numeric or g.is_sparse:
                 in_lists = False
             elif eager:
                 in_lists = inplace.fresh_in_lists(like)
-            else:  # autograd records; PureForEach takes numbers as coefficients
+            else:  # autograd records
                 in_lists = grouped_under_autograd(like) and not written_back
-                in_lists = in_lists and not any(isinstance(c, Tensor) for c in coefficients)
             if in_lists:  # the group's math runs with foreach ops after this loop
                 _, indices, group = lists.setdefault(  # the value keeps the coefficients (the key's id) alive
                     # those that record apart: all a foreach op's outputs record if one does
@@ -310,7 +310,7 @@ class Algorithm:
                     column.append(t)
                 updates.append(None)
                 continue
-            if eager and not g.is_sparse and self.per_element and inplace.blockable(p, *buffers):
+            if eager and numeric and not g.is_sparse and self.per_element and inplace.blockable(p, *buffers):
                 out, buffers = inplace.fresh_step(self, coefficients, hyperparams, p, g, buffers)
             else:
                 out, buffers = self._pure_step(p, g, buffers, coefficients, hyperparams)

@@ -114,11 +114,15 @@ def tracing() -> bool:
 
 def readable(t: Tensor) -> bool:
     """Whether Python may read the value of `t` (a step counter): not under
-    torch.compile, and no autograd graph records `t` and no torch.func transform wraps it.
+    torch.compile, not on the meta device (which holds no values), and no autograd
+    graph records `t` and no torch.func transform wraps it.
     Inside a transform, a counter made outside it, or from constants, is not wrapped: a
     `vmap` over learning rates leaves the step count a plain tensor."""
     return not (
-        torch.compiler.is_compiling() or t.requires_grad or torch._C._functorch.is_functorch_wrapped_tensor(t)
+        torch.compiler.is_compiling()
+        or t.is_meta
+        or t.requires_grad
+        or torch._C._functorch.is_functorch_wrapped_tensor(t)
     )
 
 
