@@ -69,6 +69,10 @@ class Bound:
             return
         value = hyperparams[self.key]
         if self.index is not None:
+            # torch indexes a pair (betas, etas) at its first step, failing there
+            # with an unpacking error that names no hyperparameter
+            if not isinstance(value, (tuple, list)) or len(value) != 2:
+                raise ValueError(f"{self.key} must be a pair of numbers or 0-d tensors; got {value!r}")
             value = value[self.index]
         if isinstance(value, Tensor) and not tensors:
             return  # may be batched or traced: never read in Python
