@@ -27,6 +27,7 @@ from ._src.base import (
     chain,
 )
 from ._src.clipping import clip_by_global_norm
+from ._src.masking import MaskedState, masked, partition
 from ._src.meta import inner_loop
 from ._src.nadam import NAdam, NAdamState, nadam
 
@@ -41,6 +42,7 @@ __all__ = [
     "AdamaxState",
     "EmptyState",
     "GradientTransformation",
+    "MaskedState",
     "NAdam",
     "NAdamState",
     "Optimizer",
@@ -54,5 +56,7 @@ __all__ = [
     "chain",
     "clip_by_global_norm",
     "inner_loop",
+    "masked",
     "nadam",
+    "partition",
 ]
