@@ -278,8 +278,9 @@ class Algorithm:
             # search of all would make tracing quadratic in the number of leaves).
             if last is None or not all(a is b for a, b in zip(last[0], counters)):
                 schedule = self._schedule(counters, hyperparams, traceable, by_value)
-                # coefficients in tensors (counters not read: on the meta device, or
-                # traced) take the `Pure` ops; the others take them as numbers
+                # coefficients in tensors (from a tensor hyperparameter, or counters not
+                # read: traced, or on the meta device) take the `Pure` ops one leaf at a
+                # time; the foreach and in-place ops take numbers
                 last = (counters, schedule, not any(isinstance(c, Tensor) for c in schedule[1]))
             _, (new, coefficients), numeric = last
             for column, value in zip(new_columns, new):
