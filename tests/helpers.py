@@ -76,6 +76,39 @@ def assert_same(actual: Any, expected: Any, path: str = "", **tol: Any) -> None:
         assert actual == expected, f"{path}: {actual!r} != {expected!r}"
 
 
+def run(tx: fo.GradientTransformation, params: Any, grads_seq: list[Any]) -> tuple[Any, Any]:
+    """The params and state after one pure step of `tx` per gradient tree in `grads_seq`."""
+    state = tx.init(params)
+    for grads in grads_seq:
+        updates, state = tx.update(grads, state, params)
+        params = fo.apply_updates(params, updates)
+    return params, state
+
+
+def compiled_and_eager_steps(
+    tx: fo.GradientTransformation, params: Any, grads_seq: list[Any], backend: str = "aot_eager"
+) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
+    """(params, state) after one step of `tx` (update + apply_updates) per gradient tree,
+    compiled (``torch.compile(fullgraph=True)``; a recompile after the first step fails)
+    and eager."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+
+    def step(grads: Any, state: Any, params: Any) -> tuple[Any, Any]:
+        updates, state = tx.update(grads, state, params)
+        return fo.apply_updates(params, updates), state
+
+    compiled = torch.compile(step, fullgraph=True, backend=backend)
+    eager_p, eager_s = params, tx.init(params)
+    comp_p, comp_s = params, tx.init(params)
+    for i, grads in enumerate(grads_seq):
+        eager_p, eager_s = step(grads, eager_s, eager_p)
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            comp_p, comp_s = compiled(grads, comp_s, comp_p)
+    return (comp_p, comp_s), (eager_p, eager_s)
+
+
 def make_params(dtype: torch.dtype, seed: int = 0) -> list[torch.Tensor]:
     """Mixed shapes: a matrix, a non-contiguous matrix, a vector and a 0-d tensor."""
     g = torch.Generator().manual_seed(seed)

@@ -20,6 +20,7 @@ from helpers import (
     ALGORITHMS,
     INFOS,
     assert_same,
+    compiled_and_eager_steps,
     factory,
     fo_cls,
     functional_kwargs,
@@ -189,23 +190,11 @@ def test_compiled_steps_on_cuda(name):
     may move to the GPU, as torch.optim's do: Dynamo makes optimizers capturable.)"""
     import torch._dynamo
 
-    torch._dynamo.reset()
     gen = torch.Generator().manual_seed(0)
     base = [p.cuda() for p in make_params(torch.float32)]
     grads = [[torch.randn(p.shape, generator=gen).cuda() for p in base] for _ in range(4)]
     tx = factory(name)(weight_decay=0.05)
-
-    def step(grads, state, params):
-        updates, state = tx.update(grads, state, params)
-        return fo.apply_updates(params, updates), state
-
-    compiled = torch.compile(step, fullgraph=True)
-    eager_p, eager_s = base, tx.init(base)
-    comp_p, comp_s = base, tx.init(base)
-    for i, gs in enumerate(grads):
-        eager_p, eager_s = step(gs, eager_s, eager_p)
-        with torch._dynamo.config.patch(error_on_recompile=i > 0):
-            comp_p, comp_s = compiled(gs, comp_s, comp_p)
+    (comp_p, comp_s), (eager_p, eager_s) = compiled_and_eager_steps(tx, base, grads, backend="inductor")
     assert_same(comp_p, eager_p, rtol=1e-5, atol=1e-6)
     assert_same(list(comp_s), list(eager_s), rtol=1e-5, atol=1e-6)
 

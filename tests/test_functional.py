@@ -9,7 +9,7 @@ from typing import NamedTuple
 import optree
 import pytest
 import torch
-from helpers import ALGORITHMS, assert_same, factory, torch_cls
+from helpers import ALGORITHMS, assert_same, factory, run, torch_cls
 
 import funcopt as fo
 from funcopt._src import inplace
@@ -35,14 +35,6 @@ def params_and_grads(dtype=torch.float32, seed=0):
     params = {"w": torch.randn(4, 3, generator=g, dtype=dtype), "b": torch.randn(3, generator=g, dtype=dtype)}
     grads = [{k: torch.randn(v.shape, generator=g, dtype=dtype) for k, v in params.items()} for _ in range(5)]
     return params, grads
-
-
-def run(tx, params, grads_seq):
-    state = tx.init(params)
-    for grads in grads_seq:
-        updates, state = tx.update(grads, state, params)
-        params = fo.apply_updates(params, updates)
-    return params, state
 
 
 @pytest.mark.parametrize("path", ["default", "segments", "lists"])

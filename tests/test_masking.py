@@ -8,7 +8,7 @@ import io
 import optree
 import pytest
 import torch
-from helpers import ALGORITHMS, assert_same, factory, torch_cls
+from helpers import ALGORITHMS, assert_same, compiled_and_eager_steps, factory, run, torch_cls
 from torch.func import vmap
 
 import funcopt as fo
@@ -34,14 +34,6 @@ def by_rank(tree):
 
 def is_weight(tree):
     return optree.tree_map(lambda p: p.ndim > 1, tree)
-
-
-def run(tx, params, grads_seq):
-    state = tx.init(params)
-    for grads in grads_seq:
-        updates, state = tx.update(grads, state, params)
-        params = fo.apply_updates(params, updates)
-    return params, state
 
 
 def torch_groups(name, params, grads_seq):
@@ -145,24 +137,9 @@ def test_vmap_over_the_learning_rate_of_one_part():
 
 
 def test_compile_fullgraph_without_recompiles():
-    import torch._dynamo
-
-    torch._dynamo.reset()
     params = model_params()
-    grads_seq = gradient_sequence(params)
     tx = fo.partition({"decay": fo.adamax(weight_decay=0.1), "no_decay": fo.adamax()}, by_rank)
-
-    def step(grads, state, params):
-        updates, state = tx.update(grads, state, params)
-        return fo.apply_updates(params, updates), state
-
-    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
-    eager_p, eager_s = params, tx.init(params)
-    comp_p, comp_s = params, tx.init(params)
-    for i, grads in enumerate(grads_seq):
-        eager_p, eager_s = step(grads, eager_s, eager_p)
-        with torch._dynamo.config.patch(error_on_recompile=i > 0):
-            comp_p, comp_s = compiled(grads, comp_s, comp_p)
+    (comp_p, _), (eager_p, _) = compiled_and_eager_steps(tx, params, gradient_sequence(params))
     assert_same(comp_p, eager_p, rtol=1e-6, atol=1e-7)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import optree
 import pytest
 import torch
-from helpers import ALGORITHMS, assert_same, factory
+from helpers import ALGORITHMS, assert_same, compiled_and_eager_steps, factory
 from torch.func import grad, jvp, vjp, vmap
 
 import funcopt as fo
@@ -413,24 +413,11 @@ def test_vmap_then_grad_hypergradients_per_setting(name):
 def test_compile_fullgraph_without_recompiles(name):
     """torch.compile(update, fullgraph=True): no graph break, no recompile across steps
     (counters live in tensors), same result as eager."""
-    import torch._dynamo
-
-    torch._dynamo.reset()
     params, x, y = problem(dtype=torch.float32)
-    tx = make(name, HYPER[name])
-
-    def step(grads, state, params):
-        updates, state = tx.update(grads, state, params)
-        return fo.apply_updates(params, updates), state
-
-    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
-    eager_p, eager_s = params, tx.init(params)
-    comp_p, comp_s = params, tx.init(params)
-    for i in range(4):
-        grads = grad(loss_fn)(eager_p, x, y)
-        eager_p, eager_s = step(grads, eager_s, eager_p)
-        with torch._dynamo.config.patch(error_on_recompile=i > 0):
-            comp_p, comp_s = compiled(grads, comp_s, comp_p)
+    grads_seq = [grad(loss_fn)(params, x * (1 + i / 4), y) for i in range(4)]
+    (comp_p, comp_s), (eager_p, eager_s) = compiled_and_eager_steps(
+        make(name, HYPER[name]), params, grads_seq
+    )
     assert_same(comp_p, eager_p, rtol=1e-5, atol=1e-6)
     assert_same(list(comp_s), list(eager_s), rtol=1e-5, atol=1e-6)
 
