@@ -102,6 +102,23 @@ def test_masked_passes_other_updates_through_and_keeps_no_state_for_them():
         torch.testing.assert_close(updates[k]["weight"], expected[k], rtol=0, atol=0)
 
 
+def test_a_none_gradient_skips_its_leaf():
+    """As torch skips a param without .grad: its update is None and its state stays. A
+    mask function sees the params, never a None gradient."""
+    params = model_params()
+    grads = gradient_sequence(params, steps=2)
+    tx = fo.partition({"decay": fo.nadam(weight_decay=0.1), "no_decay": fo.nadam()}, by_rank)
+    _, state = tx.update(grads[0], tx.init(params), params)
+    grads[1]["layer1"]["weight"] = None
+    updates, new_state = tx.update(grads[1], state, params)
+    assert updates["layer1"]["weight"] is None
+    assert (
+        new_state["decay"].inner.exp_avg["layer1"]["weight"]
+        is state["decay"].inner.exp_avg["layer1"]["weight"]
+    )
+    assert int(new_state["decay"].inner.step["layer2"]["weight"]) == 2
+
+
 def test_mask_as_a_tree_equals_mask_as_a_function():
     params = model_params()
     grads_seq = gradient_sequence(params)

@@ -54,8 +54,8 @@ def masked(inner: GradientTransformation, mask: Mask) -> GradientTransformation:
     unchanged (optax's ``masked``).
 
     `mask` is a pytree of bools with the structure of the params, or a function that
-    makes one from them: `init` calls it on the params, `update` on the updates (the
-    params may be absent). The inner state holds None for the leaves outside the mask.
+    makes one from them: `init` and `update` call it on the params, an `update` without
+    params on the updates. The inner state holds None for the leaves outside the mask.
 
     Example:
         >>> import torch, funcopt as fo
@@ -76,7 +76,7 @@ def masked(inner: GradientTransformation, mask: Mask) -> GradientTransformation:
             raise TypeError(
                 f"masked update got a state of type {type(state).__name__}; pass the MaskedState that init returned"
             )
-        flags = _flags(mask, updates, "masked update")
+        flags = _flags(mask, updates if params is None else params, "masked update")
         new, inner_state = inner.update(
             _select(updates, flags), state.inner, None if params is None else _select(params, flags)
         )
