@@ -153,6 +153,37 @@ def test_vmap_over_the_learning_rate_of_one_part():
         assert_same(optree.tree_map(lambda t, i=i: t[i], batched), final(lr), rtol=1e-6, atol=1e-7)
 
 
+def test_hypergradients_of_per_part_learning_rates():
+    """A learning rate per part, learned by gradient (as MAML++ learns one per layer):
+    the gradient through inner steps matches central differences (float64)."""
+    g = torch.Generator().manual_seed(0)
+    params = {
+        "w": torch.randn(4, 3, generator=g, dtype=torch.float64),
+        "b": torch.randn(3, generator=g, dtype=torch.float64),
+    }
+    x, y = (
+        torch.randn(16, 4, generator=g, dtype=torch.float64),
+        torch.randn(16, 3, generator=g, dtype=torch.float64),
+    )
+
+    def loss_fn(p, x, y):
+        return (torch.tanh(x @ p["w"] + p["b"]) - y).pow(2).mean()
+
+    def final_loss(lrs):
+        tx = fo.partition({"w": fo.adamax(lr=lrs[0]), "b": fo.nadam(lr=lrs[1])}, {"w": "w", "b": "b"})
+        adapted, _, _ = fo.inner_loop(loss_fn, params, tx, [(x, y)] * 3)
+        return loss_fn(adapted, x, y)
+
+    lrs = torch.tensor([0.05, 0.1], dtype=torch.float64)
+    expected = torch.stack(
+        [
+            (final_loss(lrs + 1e-6 * e) - final_loss(lrs - 1e-6 * e)) / 2e-6
+            for e in torch.eye(2, dtype=torch.float64)
+        ]
+    )
+    torch.testing.assert_close(torch.func.grad(final_loss)(lrs), expected, rtol=1e-6, atol=1e-9)
+
+
 def test_compile_fullgraph_without_recompiles():
     params = model_params()
     tx = fo.partition({"decay": fo.adamax(weight_decay=0.1), "no_decay": fo.adamax()}, by_rank)
