@@ -384,25 +384,35 @@ def test_optimizer_chain_with_scheduler_and_checkpoint():
     assert_same(opt2.state_dict(), opt.state_dict())
 
 
-def test_compiled_optimizer_chain_compiles_once():
-    """torch.compile(step) of a chain's adapter: the eager step's results, no recompile
-    after the first step (its state, too, is created outside the traced code)."""
+def _clipped_nadam(lr):
+    return fo.chain(fo.clip_by_global_norm(0.5), fo.nadam(lr=lr))
+
+
+def _decay_on_weights(lr):  # a part of its own for the weights: masked state is None for the biases
+    labels = lambda tree: optree.tree_map(lambda p: "decay" if p.ndim > 1 else "rest", tree)  # noqa: E731
+    return fo.partition({"decay": fo.nadam(lr=lr, weight_decay=0.1), "rest": fo.nadam(lr=lr)}, labels)
+
+
+@pytest.mark.parametrize("make", [_clipped_nadam, _decay_on_weights])
+def test_compiled_optimizer_compiles_once_without_graph_breaks(make):
+    """torch.compile(step) of a transformation's adapter: the eager step's results, no
+    graph break, no recompile after the first step (its state, too, is created outside
+    the traced code)."""
     import torch._dynamo
+    import torch._dynamo.utils
 
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     torch.manual_seed(0)
     a, b = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
     b.load_state_dict(a.state_dict())
-
-    def make(lr):
-        return fo.chain(fo.clip_by_global_norm(0.5), fo.nadam(lr=lr))
-
     eager, compiled = fo.Optimizer(a.parameters(), make, lr=0.05), fo.Optimizer(b.parameters(), make, lr=0.05)
     compiled.step = torch.compile(compiled.step, backend="aot_eager")  # what train() calls
     for i in range(3):
         train(eager, a, 1)
         with torch._dynamo.config.patch(error_on_recompile=i > 0):
             train(compiled, b, 1)
+    assert not torch._dynamo.utils.counters["graph_break"]
     assert_same(list(b.parameters()), list(a.parameters()), rtol=1e-5, atol=1e-6)
     assert_same(compiled.state_dict(), eager.state_dict(), rtol=1e-5, atol=1e-6)
 

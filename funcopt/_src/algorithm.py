@@ -45,7 +45,6 @@ from .base import (
     readable,
     real_dtype,
     records,
-    tree_flatten,
     untraced,
 )
 from .ops import Pure, PureForEach, TensorList, nonzero
@@ -174,7 +173,7 @@ class Algorithm:
         return self(**hyperparams)
 
     def init(self, hyperparams: Hyperparams, params: Params) -> State:
-        leaves, treedef = tree_flatten(params)
+        (leaves,), unflatten = flatten_together(params)
         initial = self.initial(**hyperparams)
         k = len(self.counters)
         shared: dict[torch.device, list[Tensor]] = {}  # one counter per device, shared
@@ -196,7 +195,7 @@ class Algorithm:
             values = shared[p.device] + [full_like(p, v) for v in initial[k:]]
             for column, v in zip(columns, values):
                 column.append(v)
-        return self.state(*(treedef.unflatten(c) for c in columns))
+        return self.state(*(unflatten(c) for c in columns))
 
     def update(
         self,
