@@ -241,7 +241,12 @@ def test_bad_masks_and_labels():
             params
         )
     tx = fo.partition({"decay": fo.adamax(), "no_decay": fo.adamax()}, by_rank)
-    with pytest.raises(ValueError, match="partition update got a state with keys"):
+    with pytest.raises(
+        ValueError,
+        match=r"partition update got a state of type AdamaxState; .* keys \['decay', 'no_decay'\]\)$",
+    ):
         tx.update(params, fo.adamax().init(params), params)
+    with pytest.raises(ValueError, match=r"partition update got a state of keys \['decay'\]"):
+        tx.update(params, {"decay": tx.init(params)["decay"]}, params)
     with pytest.raises(TypeError, match="masked update got a state of type AdamaxState"):
         fo.masked(fo.adamax(), is_weight).update(params, fo.adamax().init(params), params)

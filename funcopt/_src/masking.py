@@ -127,9 +127,10 @@ def partition(transforms: Mapping[str, GradientTransformation], labels: Any) -> 
 
     def update(updates: Updates, state: State, params: Params | None = None) -> tuple[Updates, State]:
         if not isinstance(state, dict) or set(state) != set(parts):
+            got = f"keys {sorted(state)}" if isinstance(state, dict) else f"type {type(state).__name__}"
             raise ValueError(
-                f"partition update got a state with keys {sorted(state) if isinstance(state, dict) else state!r}; "
-                f"pass the state that init returned (keys {sorted(parts)})"
+                f"partition update got a state of {got}; pass the state that init returned "
+                f"(a dict with keys {sorted(parts)})"
             )
         new_state = {}
         for label, part in parts.items():
