@@ -92,7 +92,8 @@ def partition(transforms: Mapping[str, GradientTransformation], labels: Any) -> 
 
     `labels` is a pytree of strings with the structure of the params, or a function that
     makes one from them. Every label must name one of `transforms`. The state is a dict
-    of the `masked` states, one per label.
+    of the `masked` states, one per label. (With the torch.optim classes and
+    `fo.Optimizer`, param groups do the same.)
 
     Example:
         >>> import torch, funcopt as fo
