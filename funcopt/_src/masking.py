@@ -4,6 +4,8 @@ different learning rate for some layers."""
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -27,26 +29,47 @@ class MaskedState(NamedTuple):
 torch.serialization.add_safe_globals([MaskedState])  # loads with torch.load(weights_only=True)
 
 
-def _flags(mask: Mask, tree: Any, who: str) -> Any:
-    """The mask for `tree`, checked: a tree of bools of its structure."""
-    flags = mask(tree) if callable(mask) else mask
+def _like(tree: Any, given: Any, who: str, what: str, leaves: str, kind: type | None = None) -> Any:
+    """`given` (a mask, a labels tree), checked: a tree of `leaves` with `tree`'s
+    structure, of type `kind` if given."""
 
-    def check(_: Any, flag: Any) -> bool:
-        if not isinstance(flag, bool):
-            raise TypeError(f"{who}: the mask holds a {type(flag).__name__} where a bool belongs")
-        return flag
+    def check(_: Any, x: Any) -> Any:
+        if kind is not None and not isinstance(x, kind):
+            raise TypeError(f"{who}: {what} holds a {type(x).__name__} where a {kind.__name__} belongs")
+        return x
 
     try:
-        return optree.tree_map(check, tree, flags, none_is_leaf=True)
+        return optree.tree_map(check, tree, given, none_is_leaf=True)
     except ValueError as e:
-        hint = "Pass a pytree of bools with the params' structure, or a function that makes one from them."
-        raise _structure_error((f"{who}: the params", "the mask"), 1, hint, str(e)) from None
+        hint = (
+            f"Pass a pytree of {leaves} with the params' structure, or a function that makes one from them."
+        )
+        raise _structure_error((f"{who}: the params", what), 1, hint, str(e)) from None
 
 
 def _select(tree: Any, flags: Any) -> Any:
     """`tree` with None for the leaves whose flag is False (a skipped leaf, as a None
     gradient is)."""
     return optree.tree_map(lambda t, f: t if f else None, tree, flags, none_is_leaf=True)
+
+
+def _masked_init(inner: GradientTransformation, params: Params, flags: Any) -> MaskedState:
+    return MaskedState(inner.init(_select(params, flags)))
+
+
+def _masked_update(
+    inner: GradientTransformation, updates: Updates, state: State, params: Params | None, flags: Any, who: str
+) -> tuple[Updates, MaskedState]:
+    """`inner`'s update of the leaves whose flag is True; the other updates as they are."""
+    if not isinstance(state, MaskedState):
+        raise TypeError(
+            f"{who} got a state of type {type(state).__name__}; pass the MaskedState that init returned"
+        )
+    new, inner_state = inner.update(
+        _select(updates, flags), state.inner, None if params is None else _select(params, flags)
+    )
+    merged = optree.tree_map(lambda u, n, f: n if f else u, updates, new, flags, none_is_leaf=True)
+    return merged, MaskedState(inner_state)
 
 
 def masked(inner: GradientTransformation, mask: Mask) -> GradientTransformation:
@@ -68,20 +91,17 @@ def masked(inner: GradientTransformation, mask: Mask) -> GradientTransformation:
         (tensor([-0.1000, -0.1000]), tensor([3., 3.]))
     """
 
+    def flags(tree: Any, who: str) -> Any:
+        return _like(tree, mask(tree) if callable(mask) else mask, who, "the mask", "bools", bool)
+
     def init(params: Params) -> State:
-        return MaskedState(inner.init(_select(params, _flags(mask, params, "masked init"))))
+        return _masked_init(inner, params, flags(params, "masked init"))
 
     def update(updates: Updates, state: State, params: Params | None = None) -> tuple[Updates, State]:
-        if not isinstance(state, MaskedState):
-            raise TypeError(
-                f"masked update got a state of type {type(state).__name__}; pass the MaskedState that init returned"
-            )
-        flags = _flags(mask, updates if params is None else params, "masked update")
-        new, inner_state = inner.update(
-            _select(updates, flags), state.inner, None if params is None else _select(params, flags)
+        who = "masked update"
+        return _masked_update(
+            inner, updates, state, params, flags(updates if params is None else params, who), who
         )
-        merged = optree.tree_map(lambda u, n, f: n if f else u, updates, new, flags, none_is_leaf=True)
-        return merged, MaskedState(inner_state)
 
     return GradientTransformation(init, update)
 
@@ -108,34 +128,39 @@ def partition(transforms: Mapping[str, GradientTransformation], labels: Any) -> 
     """
     transforms = dict(transforms)
 
-    def labels_of(tree: Any) -> Any:
-        tree_labels = labels(tree) if callable(labels) else labels
+    def flags_by_label(tree: Any, who: str) -> dict[str, Any]:
+        """The labels for `tree`, checked once, as one tree of flags per label."""
+        tree_labels = _like(
+            tree, labels(tree) if callable(labels) else labels, who, "the labels tree", "labels"
+        )
         unknown = {x for x in optree.tree_leaves(tree_labels, none_is_leaf=True) if x not in transforms}
         if unknown:
             raise ValueError(
                 f"partition: labels {sorted(unknown, key=repr)} name no transformation; "
                 f"the transformations are {sorted(transforms)}"
             )
-        return tree_labels
-
-    def mask_of(label: str) -> Callable[[Any], Any]:
-        return lambda tree: optree.tree_map(lambda x: x == label, labels_of(tree), none_is_leaf=True)
-
-    parts = {label: masked(tx, mask_of(label)) for label, tx in transforms.items()}
+        return {
+            label: optree.tree_map(functools.partial(operator.eq, label), tree_labels, none_is_leaf=True)
+            for label in transforms
+        }
 
     def init(params: Params) -> State:
-        return {label: part.init(params) for label, part in parts.items()}
+        flags = flags_by_label(params, "partition init")
+        return {label: _masked_init(tx, params, flags[label]) for label, tx in transforms.items()}
 
     def update(updates: Updates, state: State, params: Params | None = None) -> tuple[Updates, State]:
-        if not isinstance(state, dict) or set(state) != set(parts):
+        if not isinstance(state, dict) or set(state) != set(transforms):
             got = f"keys {sorted(state)}" if isinstance(state, dict) else f"type {type(state).__name__}"
             raise ValueError(
                 f"partition update got a state of {got}; pass the state that init returned "
-                f"(a dict with keys {sorted(parts)})"
+                f"(a dict with keys {sorted(transforms)})"
             )
+        flags = flags_by_label(updates if params is None else params, "partition update")
         new_state = {}
-        for label, part in parts.items():
-            updates, new_state[label] = part.update(updates, state[label], params)
+        for label, tx in transforms.items():
+            updates, new_state[label] = _masked_update(
+                tx, updates, state[label], params, flags[label], f"partition update ({label!r})"
+            )
         return updates, new_state
 
     return GradientTransformation(init, update)
