@@ -1,5 +1,6 @@
 """Worker functions for tests/test_distributed.py, each run on 2 CPU processes (gloo,
-127.0.0.1). They assert inside the workers; a failure fails the spawning test."""
+127.0.0.1) for each of `algorithms` (the classes funcopt exports). They assert inside
+the workers; a failure fails the spawning test."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import torch.nn.functional as F
 
 import funcopt as fo
 
-ALGORITHMS = ["Adadelta", "Adagrad", "Adamax", "NAdam"]
 CONFIGS = [{}, {"weight_decay": 0.05, "maximize": False}]
 F64 = torch.float64
 TOL = {"rtol": 1e-7, "atol": 1e-9}
@@ -66,14 +66,14 @@ def assert_params_close(a, b) -> None:
 # -- DDP ------------------------------------------------------------------------
 
 
-def ddp(rank: int, world: int, port: int) -> None:
+def ddp(rank: int, world: int, port: int, algorithms: list[str]) -> None:
     """funcopt.X under DistributedDataParallel = torch.optim.X under DDP = one process on
     the global batch."""
     setup(rank, world, port)
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     batches = global_batches(6)
-    for name in ALGORITHMS:
+    for name in algorithms:
         for config in CONFIGS:
             runs = {}
             for label, cls in (("torch", getattr(torch.optim, name)), ("funcopt", getattr(fo, name))):
@@ -100,7 +100,7 @@ def sharded_model(mesh, seed: int = 0) -> torch.nn.Module:
     return fully_shard(model, mesh=mesh)
 
 
-def fsdp(rank: int, world: int, port: int) -> None:
+def fsdp(rank: int, world: int, port: int, algorithms: list[str]) -> None:
     """funcopt.X on FSDP2 (fully_shard, DTensor params) = torch.optim.X; the state is
     sharded like the params."""
     setup(rank, world, port)
@@ -109,7 +109,7 @@ def fsdp(rank: int, world: int, port: int) -> None:
 
     mesh = init_device_mesh("cpu", (world,))
     batches = local_half(global_batches(5), rank, world)
-    for name in ALGORITHMS:
+    for name in algorithms:
         for config in CONFIGS:
             runs, optimizers = {}, {}
             for label, cls in (("torch", getattr(torch.optim, name)), ("funcopt", getattr(fo, name))):
@@ -153,7 +153,7 @@ def fsdp(rank: int, world: int, port: int) -> None:
 # -- the functional API on DTensors -------------------------------------------------
 
 
-def functional_dtensor(rank: int, world: int, port: int) -> None:
+def functional_dtensor(rank: int, world: int, port: int, algorithms: list[str]) -> None:
     """tx.init/tx.update on sharded params: state sharded like the params, no
     communication, and the same result as on full tensors."""
     setup(rank, world, port)
@@ -171,7 +171,7 @@ def functional_dtensor(rank: int, world: int, port: int) -> None:
         {k: torch.randn(v.shape, generator=g, dtype=F64) for k, v in full_params.items()} for _ in range(4)
     ]
     shard = lambda t: distribute_tensor(t, mesh, [Shard(0)])  # noqa: E731
-    for name in ALGORITHMS:
+    for name in algorithms:
         tx = getattr(fo, name.lower())(weight_decay=0.05)
         params = {k: shard(v) for k, v in full_params.items()}
         state = tx.init(params)
@@ -196,7 +196,7 @@ def functional_dtensor(rank: int, world: int, port: int) -> None:
 # -- torch.distributed.checkpoint ---------------------------------------------------
 
 
-def dcp(rank: int, world: int, port: int, directory: str) -> None:
+def dcp(rank: int, world: int, port: int, algorithms: list[str], directory: str) -> None:
     """get/set_optimizer_state_dict (sharded, full, cpu_offload, broadcast_from_rank0) and
     dcp.save/dcp.load round-trip funcopt's state, between funcopt.X and torch.optim.X in
     both directions; the state-creating lr=0 step on a fresh optimizer is a no-op."""
@@ -214,7 +214,7 @@ def dcp(rank: int, world: int, port: int, directory: str) -> None:
     mesh = init_device_mesh("cpu", (world,))
     batches = local_half(global_batches(6), rank, world)
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    for name in ALGORITHMS:
+    for name in algorithms:
         ours_cls, torch_cls = getattr(fo, name), getattr(torch.optim, name)
 
         # a fresh optimizer: the state-creating step (lr=0, zero grads) changes no param

@@ -37,6 +37,44 @@ def factory(name: str):
     return getattr(fo, name.lower())
 
 
+# The test values of each algorithm's hyperparameters: the one table a new algorithm adds
+# an entry to (tests/test_properties.py draws random ones). Every hyperparameter is set
+# away from its default, to a value where it changes the result (eps included), and the
+# betas are given apart, so that each can be differentiated and batched on its own.
+HYPER: dict[str, dict[str, float]] = {
+    "Adadelta": {"lr": 0.5, "rho": 0.8, "eps": 1e-3, "weight_decay": 0.05},
+    "Adagrad": {
+        "lr": 0.1,
+        "lr_decay": 0.1,
+        "weight_decay": 0.05,
+        "initial_accumulator_value": 0.2,
+        "eps": 1e-3,
+    },
+    "Adamax": {"lr": 0.05, "beta1": 0.8, "beta2": 0.9, "eps": 1e-3, "weight_decay": 0.05},
+    "NAdam": {
+        "lr": 0.05,
+        "beta1": 0.8,
+        "beta2": 0.9,
+        "eps": 1e-3,
+        "weight_decay": 0.05,
+        "momentum_decay": 0.05,
+    },
+}
+
+
+def kwargs_of(hp: dict[str, Any]) -> dict[str, Any]:
+    """Hyperparameters as the factories and classes take them: beta1 and beta2 as `betas`."""
+    hp = dict(hp)
+    if "beta1" in hp:
+        hp["betas"] = (hp.pop("beta1"), hp.pop("beta2"))
+    return hp
+
+
+def make(name: str, hp: dict[str, Any] | None = None) -> fo.GradientTransformation:
+    """The transformation of `name` with the hyperparameters `hp` (default: its `HYPER`)."""
+    return factory(name)(**kwargs_of(HYPER[name] if hp is None else hp))
+
+
 def optim_inputs(name: str, with_flags: bool = True) -> list[tuple[str, dict[str, Any]]]:
     """torch's CPU configurations for `name` as (description, kwargs); with the
     implementation flags torch tests on CPU (differentiable, fused), plus foreach."""

@@ -439,25 +439,15 @@ def _diff_fn(p, grad, state, cls, kwargs, *ignored):
     return (p,) + tuple(v for v in opt.state[p].values() if isinstance(v, torch.Tensor) and v.requires_grad)
 
 
-DIFF_STATES = {
-    "Adadelta": lambda p: {
-        "step": torch.tensor(10.0),
-        "square_avg": torch.rand_like(p, requires_grad=True),
-        "acc_delta": torch.rand_like(p, requires_grad=True),
-    },
-    "Adagrad": lambda p: {"step": torch.tensor(10.0), "sum": torch.rand_like(p, requires_grad=True)},
-    "Adamax": lambda p: {
-        "step": torch.tensor(10.0),
-        "exp_avg": torch.rand_like(p, requires_grad=True),
-        "exp_inf": torch.rand_like(p, requires_grad=True),
-    },
-    "NAdam": lambda p: {
-        "step": torch.tensor(10.0),
-        "mu_product": torch.tensor(1.0),
-        "exp_avg": torch.rand_like(p, requires_grad=True),
-        "exp_avg_sq": torch.rand_like(p, requires_grad=True),
-    },
-}
+def differentiable_state(name, p):
+    """A param's state after 10 of torch's steps: its counters, and random buffers (in
+    [0, 1), as torch's TestDifferentiableOptimizer has them) that require grad."""
+    q = torch.nn.Parameter(p.detach().clone())
+    opt = torch_cls(name)([q])
+    for _ in range(10):
+        q.grad = torch.rand_like(q)
+        opt.step()
+    return {k: torch.rand_like(v, requires_grad=True) if v.dim() > 0 else v for k, v in opt.state[q].items()}
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
@@ -468,8 +458,7 @@ def test_differentiable_step_gradcheck(name, kwargs):
     torch.manual_seed(0)
     p = torch.rand(10, requires_grad=True, dtype=torch.float64)
     grad = torch.rand(10, requires_grad=True, dtype=torch.float64)
-    state = DIFF_STATES[name](p)
-    state = {k: v.to(torch.float64) if v.requires_grad else v for k, v in state.items()}
+    state = differentiable_state(name, p)
     kwargs = {**kwargs, "differentiable": True}
     torch.autograd.gradcheck(
         _diff_fn,

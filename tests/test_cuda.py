@@ -18,6 +18,7 @@ import pytest
 import torch
 from helpers import (
     ALGORITHMS,
+    HYPER,
     INFOS,
     assert_same,
     compiled_and_eager_steps,
@@ -108,9 +109,6 @@ def test_checkpoint_moves_between_devices(name, source, target):
         ref, ref_opt = run(torch_cls, target, grads[3:], checkpoint)
         assert_same(ours, ref)
         assert_same(ours_opt.state_dict(), ref_opt.state_dict())
-
-
-HYPER = {"Adadelta": {"lr": 0.5}, "Adagrad": {"lr": 0.1}, "Adamax": {"lr": 0.05}, "NAdam": {"lr": 0.05}}
 
 
 def problem(device):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from helpers import ALGORITHMS
 
 sys.path.insert(0, str(Path(__file__).parent))
 import distributed_workers as workers  # noqa: E402
@@ -30,7 +31,7 @@ def free_port() -> int:
 
 
 def spawn(fn, *args) -> None:
-    torch.multiprocessing.spawn(fn, args=(WORLD, free_port(), *args), nprocs=WORLD, join=True)
+    torch.multiprocessing.spawn(fn, args=(WORLD, free_port(), ALGORITHMS, *args), nprocs=WORLD, join=True)
 
 
 def test_ddp_matches_torch_and_single_process():

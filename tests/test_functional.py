@@ -9,25 +9,11 @@ from typing import NamedTuple
 import optree
 import pytest
 import torch
-from helpers import ALGORITHMS, assert_same, factory, run, torch_cls
+from helpers import ALGORITHMS, HYPER, assert_same, factory, kwargs_of, make, run, torch_cls
 
 import funcopt as fo
 from funcopt._src import inplace
 from funcopt._src.algorithm import Algorithm
-
-ALGORITHM_COUNTERS = {
-    "Adadelta": ["step"],
-    "Adagrad": ["step"],
-    "Adamax": ["step"],
-    "NAdam": ["step", "mu_product"],
-}
-
-NUMERIC = {
-    "Adadelta": dict(lr=0.5, rho=0.8, eps=1e-5, weight_decay=0.1),
-    "Adagrad": dict(lr=0.1, lr_decay=0.05, weight_decay=0.1, initial_accumulator_value=0.2, eps=1e-8),
-    "Adamax": dict(lr=0.01, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1),
-    "NAdam": dict(lr=0.01, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1, momentum_decay=0.01),
-}
 
 
 def params_and_grads(dtype=torch.float32, seed=0):
@@ -48,7 +34,7 @@ def test_inputs_are_never_mutated(name, path, monkeypatch):
     if path == "lists":
         monkeypatch.setattr(inplace, "use_lists", lambda p: True)
     params, grads = params_and_grads()
-    tx = factory(name)(**NUMERIC[name])
+    tx = make(name)
     state = tx.init(params)
     state = tx.update(grads[0], state, params)[1]  # a non-trivial state
     inputs = (params, grads[1], state)
@@ -77,8 +63,7 @@ def test_update_without_params(name, path, monkeypatch):
 
         monkeypatch.setattr(Algorithm, "_pure_step", no_pure_step)
     params, grads = params_and_grads()
-    kwargs = {k: v for k, v in NUMERIC[name].items() if k != "weight_decay"}
-    tx = factory(name)(**kwargs, maximize=True)
+    tx = make(name, {**HYPER[name], "weight_decay": 0.0, "maximize": True})
     with_params = without = tx.init(params)
     for g in grads:
         if path == "pure":  # autograd on: out-of-place ops only
@@ -98,9 +83,9 @@ def test_tensor_hyperparameters_equal_floats(name, tensor_dtype):
     as_tensor = lambda v: torch.tensor(v, dtype=tensor_dtype)  # noqa: E731
     tensors = {
         k: tuple(as_tensor(x) for x in v) if isinstance(v, tuple) else as_tensor(v)
-        for k, v in NUMERIC[name].items()
+        for k, v in kwargs_of(HYPER[name]).items()
     }
-    expected, expected_state = run(factory(name)(**NUMERIC[name]), params, grads)
+    expected, expected_state = run(make(name), params, grads)
     actual, actual_state = run(factory(name)(**tensors), params, grads)
     assert_same(actual, expected)
     assert_same(list(actual_state), list(expected_state))  # dtypes checked too
@@ -190,7 +175,7 @@ def test_saved_state_loads_with_weights_only(name):
     import io
 
     params, grads = params_and_grads()
-    for tx in (factory(name)(**NUMERIC[name]), fo.chain(fo.clip_by_global_norm(0.5), factory(name)())):
+    for tx in (make(name), fo.chain(fo.clip_by_global_norm(0.5), factory(name)())):
         _, state = run(tx, params, grads[:2])
         buffer = io.BytesIO()
         torch.save(state, buffer)
@@ -212,7 +197,7 @@ def test_state_with_separate_counters(name):
     new counters again, so that later updates compute the schedule once and step small
     tensors in groups."""
     params, grads = params_and_grads()
-    tx = factory(name)(**NUMERIC[name])
+    tx = make(name)
     _, state = run(tx, params, grads[:2])
     assert state.step["w"] is state.step["b"]
     moved = optree.tree_map(torch.clone, state)
@@ -244,7 +229,7 @@ def test_meta_device_params_give_the_shapes_of_a_real_step(name):
     real ones, with no value read: updates, params and state of the same shapes,
     dtypes and structure, on the meta device."""
     params, grads = params_and_grads()
-    tx = factory(name)(**NUMERIC[name])
+    tx = make(name)
     real = run(tx, params, grads[:2])
     meta = run(tx, *optree.tree_map(lambda t: t.to("meta"), (params, grads[:2])))
     assert optree.tree_structure(meta) == optree.tree_structure(real)
@@ -255,9 +240,9 @@ def test_meta_device_params_give_the_shapes_of_a_real_step(name):
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_bfloat16(name):
     params, grads = params_and_grads(torch.bfloat16)
-    new, state = run(factory(name)(**NUMERIC[name]), params, grads)
+    new, state = run(make(name), params, grads)
     assert all(p.dtype == torch.bfloat16 for p in new.values())
-    ref, _ = run(factory(name)(**NUMERIC[name]), *params_and_grads(torch.float32))
+    ref, _ = run(make(name), *params_and_grads(torch.float32))
     for k in new:  # bf16 has ~3 significant digits
         torch.testing.assert_close(new[k].float(), ref[k], rtol=0.05, atol=0.05)
 

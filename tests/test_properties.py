@@ -7,7 +7,7 @@ lr=0.34375, betas=(0.25, 0.0), eps=1.19e-7, weight_decay=0.125, two steps."""
 from __future__ import annotations
 
 import torch
-from helpers import assert_matches_torch
+from helpers import ALGORITHMS, assert_matches_torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -49,7 +49,7 @@ HYPERPARAMETERS = {
 
 @st.composite
 def cases(draw):
-    name = draw(st.sampled_from(sorted(HYPERPARAMETERS)))
+    name = draw(st.sampled_from(ALGORITHMS))  # one without ranges fails, never skipped
     kwargs = draw(HYPERPARAMETERS[name])
     kwargs["maximize"] = draw(st.booleans())
     shapes = draw(st.lists(st.lists(st.integers(1, 5), max_size=3).map(tuple), min_size=1, max_size=4))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import optree
 import pytest
 import torch
-from helpers import ALGORITHMS, assert_same, compiled_and_eager_steps, factory
+from helpers import ALGORITHMS, HYPER, assert_same, compiled_and_eager_steps, factory, make
 from torch.func import grad, jvp, vjp, vmap
 
 import funcopt as fo
@@ -28,28 +28,6 @@ def float64_counters():
     torch.set_default_dtype(old)
 
 
-# hyperparameters each algorithm is differentiated and batched over (value, tangent scale)
-HYPER = {
-    "Adadelta": {"lr": 0.5, "rho": 0.8, "eps": 1e-3, "weight_decay": 0.05},
-    "Adagrad": {
-        "lr": 0.1,
-        "lr_decay": 0.1,
-        "weight_decay": 0.05,
-        "initial_accumulator_value": 0.2,
-        "eps": 1e-3,
-    },
-    "Adamax": {"lr": 0.05, "beta1": 0.8, "beta2": 0.9, "eps": 1e-3, "weight_decay": 0.05},
-    "NAdam": {
-        "lr": 0.05,
-        "beta1": 0.8,
-        "beta2": 0.9,
-        "eps": 1e-3,
-        "weight_decay": 0.05,
-        "momentum_decay": 0.05,
-    },
-}
-
-
 def problem(seed=0, dtype=F64):
     g = torch.Generator().manual_seed(seed)
     params = {"w": torch.randn(4, 3, generator=g, dtype=dtype), "b": torch.randn(3, generator=g, dtype=dtype)}
@@ -60,13 +38,6 @@ def problem(seed=0, dtype=F64):
 
 def loss_fn(params, x, y):
     return (torch.tanh(x @ params["w"] + params["b"]) - y).pow(2).mean()
-
-
-def make(name, hp):
-    hp = dict(hp)
-    if "beta1" in hp:
-        hp["betas"] = (hp.pop("beta1"), hp.pop("beta2"))
-    return factory(name)(**hp)
 
 
 def train(name, hp, params, x, y, steps=STEPS):
