@@ -12,6 +12,8 @@ import torch
 from helpers import ALGORITHMS, INFOS, assert_same, factory, fo_cls, torch_cls, trainable
 from torch.testing._internal.common_optimizers import OptimizerErrorEnum
 
+import funcopt as fo
+
 ERROR_CASES = [
     (name, i, e)
     for name in ALGORITHMS
@@ -218,6 +220,60 @@ def test_leaves_that_are_not_tensors(name):
         tx.update({"a": 0.5, "b": torch.randn(2)}, tx.init(params), params)
 
 
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_integer_params(name):
+    """An integer leaf (a model's state_dict has some) is refused at init, rather than
+    given an integer state that fails inside the first update."""
+    params = {"w": torch.randn(3), "num_batches_tracked": torch.tensor(0)}
+    with pytest.raises(TypeError, match=rf"^{name} init: leaf 0 of params is a tensor of dtype int64, "):
+        factory(name)().init(params)  # leaves in key order: num_batches_tracked first
+    factory(name)().init({**params, "num_batches_tracked": None})
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("value", ["0.1", None, [0.1]])
+def test_hyperparameter_of_another_type(name, value):
+    """A hyperparameter that is neither a number nor a tensor raises a TypeError that
+    names it, in the factory and in the class (torch's fails comparing it, naming none)."""
+    message = rf"^lr must be a number or a 0-d tensor; got {re.escape(repr(value))}$"
+    with pytest.raises(TypeError, match=message):
+        factory(name)(lr=value)
+    with pytest.raises(TypeError, match=message):
+        fo_cls(name)([torch.nn.Parameter(torch.randn(2))], lr=value)
+    with pytest.raises(TypeError):
+        torch_cls(name)([torch.nn.Parameter(torch.randn(2))], lr=value)
+
+
+def test_beta_of_another_type():
+    with pytest.raises(TypeError, match=r"^betas\[1\] must be a number or a 0-d tensor; got None$"):
+        factory("NAdam")(betas=(0.9, None))
+
+
+@pytest.mark.parametrize(
+    "combinator",
+    [
+        lambda tx: fo.chain(fo.clip_by_global_norm(1.0), tx),
+        lambda tx: fo.masked(tx, lambda p: p),
+        lambda tx: fo.partition({"all": tx}, lambda p: "all"),
+        lambda tx: fo.inner_loop(lambda p: p.sum(), torch.ones(2), tx, []),
+    ],
+    ids=["chain", "masked", "partition", "inner_loop"],
+)
+def test_transformation_arguments_are_checked(combinator):
+    """A factory passed uncalled, a class or another object, where a transformation
+    belongs, raises at once and says what to pass, not at the first init or update."""
+    with pytest.raises(TypeError, match=r"got the function adamax: call it, adamax\(...\), to get one$"):
+        combinator(fo.adamax)
+    with pytest.raises(TypeError, match=r"got the class Adamax: pass a transformation"):
+        combinator(fo.Adamax)
+    with pytest.raises(
+        TypeError,
+        match=r"expects a GradientTransformation \(with init and update\); got an object of type int$",
+    ):
+        combinator(3)
+    combinator(fo.adamax())  # a transformation is fine
+
+
 # (params, grads) -> (grads, the params init gets, params), with one tree that differs;
 # then what the error says
 STRUCTURE_CASES = {
@@ -256,8 +312,6 @@ def test_update_and_apply_take_any_kind_of_dict():
     """An OrderedDict (``model.state_dict()``) and a dict of the same keys match."""
     from collections import OrderedDict
 
-    import funcopt as fo
-
     params = OrderedDict(a=torch.randn(3), b=torch.randn(2))
     tx = fo.adamax()
     updates, _ = tx.update({"b": torch.ones(2), "a": torch.ones(3)}, tx.init(params), params)
@@ -267,7 +321,6 @@ def test_update_and_apply_take_any_kind_of_dict():
 
 
 def test_apply_updates_with_mismatched_structure():
-    import funcopt as fo
 
     params = {"a": torch.randn(3), "b": torch.randn(2)}
     with pytest.raises(
@@ -281,7 +334,6 @@ def test_apply_updates_with_mismatched_structure():
 
 
 def test_optimizer_rejects_non_transform():
-    import funcopt as fo
 
     with pytest.raises(TypeError, match="GradientTransformation"):
         fo.Optimizer([torch.nn.Parameter(torch.randn(2))], 3)
@@ -290,7 +342,6 @@ def test_optimizer_rejects_non_transform():
 def _stepped_optimizer(name, path, shapes=((200, 200), (5,))):
     """An optimizer over a large param (stepped in blocks) and a small one, after one
     step, on the path that `path` names."""
-    import funcopt as fo
 
     params = trainable([torch.randn(s) for s in shapes], path == "differentiable")
     for p in params:

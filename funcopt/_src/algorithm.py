@@ -26,6 +26,7 @@ torch.optim classes.
 from __future__ import annotations
 
 import functools
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,13 +67,17 @@ class Bound:
     def check(self, hyperparams: Hyperparams, tensors: bool) -> None:
         if self.key not in hyperparams:  # a funcopt extra (eps_root) the adapters lack
             return
-        value = hyperparams[self.key]
+        value: Any = hyperparams[self.key]
         if self.index is not None:
             # torch indexes a pair (betas, etas) at its first step, failing there
             # with an unpacking error that names no hyperparameter
             if not isinstance(value, (tuple, list)) or len(value) != 2:
                 raise ValueError(f"{self.key} must be a pair of numbers or 0-d tensors; got {value!r}")
             value = value[self.index]
+        if not isinstance(value, (numbers.Real, Tensor)):
+            # torch fails on the comparison below, with an error that names no hyperparameter
+            name = self.key if self.index is None else f"{self.key}[{self.index}]"
+            raise TypeError(f"{name} must be a number or a 0-d tensor; got {value!r}")
         if isinstance(value, Tensor) and not tensors:
             return  # may be batched or traced: never read in Python
         ok = 0.0 <= value
@@ -187,6 +192,12 @@ class Algorithm:
                 raise TypeError(
                     f"{self.name} init: leaf {i} of params is a {type(p).__name__}; "
                     "params must be a pytree of tensors"
+                )
+            if not (p.is_floating_point() or p.is_complex()):
+                raise TypeError(
+                    f"{self.name} init: leaf {i} of params is a tensor of dtype "
+                    f"{str(p.dtype).replace('torch.', '')}, which no gradient step can update; leave it out of the params (such "
+                    "as BatchNorm's num_batches_tracked), or put None in its place"
                 )
             if p.device not in shared:
                 shared[p.device] = [

@@ -195,6 +195,21 @@ def apply_updates(params: Params, updates: Updates) -> Params:
     return unflatten(new)
 
 
+def check_transformation(transform: Any, where: str) -> None:
+    """Raise a TypeError naming `where` if `transform` has no ``init`` and ``update``: a
+    factory passed uncalled (``fo.adamax`` for ``fo.adamax()``), or a torch class."""
+    if callable(getattr(transform, "init", None)) and callable(getattr(transform, "update", None)):
+        return
+    if isinstance(transform, type):
+        got = f"the class {transform.__name__}: pass a transformation, such as fo.adamax(lr=1e-3)"
+    elif callable(transform):
+        name = getattr(transform, "__name__", "it")
+        got = f"the function {name}: call it, {name}(...), to get one"
+    else:
+        got = f"an object of type {type(transform).__name__}"
+    raise TypeError(f"{where} expects a GradientTransformation (with init and update); got {got}")
+
+
 def chain(*transforms: GradientTransformation) -> GradientTransformation:
     """Apply transformations one after another; the state is the tuple of their states.
 
@@ -207,6 +222,8 @@ def chain(*transforms: GradientTransformation) -> GradientTransformation:
         >>> updates[0]
         tensor([-0.1000, -0.1000])
     """
+    for i, transform in enumerate(transforms):
+        check_transformation(transform, f"chain (argument {i})")
 
     def init(params: Params) -> State:
         return tuple(t.init(params) for t in transforms)

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import optree
 import torch
 
-from .base import GradientTransformation, Params, State, Updates, _structure_error
+from .base import GradientTransformation, Params, State, Updates, _structure_error, check_transformation
 
 Mask = Any | Callable[[Params], Any]
 """A pytree of bools with the structure of the params, or a function from the params
@@ -90,6 +90,7 @@ def masked(inner: GradientTransformation, mask: Mask) -> GradientTransformation:
         >>> updates["w"][0], updates["b"]  # decayed; passed through
         (tensor([-0.1000, -0.1000]), tensor([3., 3.]))
     """
+    check_transformation(inner, "masked")
 
     def flags(tree: Any, who: str) -> Any:
         return _like(tree, mask(tree) if callable(mask) else mask, who, "the mask", "bools", bool)
@@ -127,6 +128,8 @@ def partition(transforms: Mapping[str, GradientTransformation], labels: Any) -> 
         (['decay', 'no_decay'], True)
     """
     transforms = dict(transforms)
+    for label, transform in transforms.items():
+        check_transformation(transform, f"partition (label {label!r})")
 
     def flags_by_label(tree: Any, who: str) -> dict[str, Any]:
         """The labels for `tree`, checked once, as one tree of flags per label."""

@@ -10,7 +10,7 @@ import optree
 import torch
 from torch import Tensor
 
-from .base import GradientTransformation, Params, State, apply_updates
+from .base import GradientTransformation, Params, State, apply_updates, check_transformation
 
 
 def inner_loop(
@@ -63,6 +63,7 @@ def inner_loop(
         >>> bool(losses[-1] < losses[0]), int(state.step["weight"])
         (True, 5)
     """
+    check_transformation(transform, "inner_loop")
     if state is None:
         state = transform.init(params)
     grad_and_loss = torch.func.grad_and_value(loss_fn)
