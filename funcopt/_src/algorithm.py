@@ -67,14 +67,14 @@ class Bound:
     def check(self, hyperparams: Hyperparams, tensors: bool) -> None:
         if self.key not in hyperparams:  # a funcopt extra (eps_root) the adapters lack
             return
-        value: Any = hyperparams[self.key]
+        value = hyperparams[self.key]
         if self.index is not None:
             # torch indexes a pair (betas, etas) at its first step, failing there
             # with an unpacking error that names no hyperparameter
             if not isinstance(value, (tuple, list)) or len(value) != 2:
                 raise ValueError(f"{self.key} must be a pair of numbers or 0-d tensors; got {value!r}")
             value = value[self.index]
-        if not isinstance(value, (numbers.Real, Tensor)):
+        if not (isinstance(value, Tensor) or _is_number(value)):
             # torch fails on the comparison below, with an error that names no hyperparameter
             name = self.key if self.index is None else f"{self.key}[{self.index}]"
             raise TypeError(f"{name} must be a number or a 0-d tensor; got {value!r}")
@@ -85,6 +85,11 @@ class Bound:
             ok = value <= self.high if self.inclusive else value < self.high
         if not ok:
             raise ValueError(self.message.format(value))
+
+
+def _is_number(value: Any) -> bool:
+    """A Python or NumPy real number (a bool too, as torch takes it)."""
+    return isinstance(value, numbers.Real)
 
 
 def scalar_dtype(fused: bool = False) -> torch.dtype:
