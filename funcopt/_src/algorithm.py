@@ -199,10 +199,11 @@ class Algorithm:
                     "params must be a pytree of tensors"
                 )
             if not (p.is_floating_point() or p.is_complex()):
+                dtype = str(p.dtype).replace("torch.", "")
                 raise TypeError(
-                    f"{self.name} init: leaf {i} of params is a tensor of dtype "
-                    f"{str(p.dtype).replace('torch.', '')}, which no gradient step can update; leave it out of the params (such "
-                    "as BatchNorm's num_batches_tracked), or put None in its place"
+                    f"{self.name} init: leaf {i} of params is a tensor of dtype {dtype}, which no "
+                    "gradient step can update; leave it out of the params (such as BatchNorm's "
+                    "num_batches_tracked), or put None in its place"
                 )
             if p.device not in shared:
                 shared[p.device] = [
