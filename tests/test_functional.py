@@ -32,7 +32,7 @@ def test_inputs_are_never_mutated(name, path, monkeypatch):
         monkeypatch.setattr(inplace, "SMALL", 4)
         monkeypatch.setattr(inplace, "SEGMENT", 5)
     if path == "lists":
-        monkeypatch.setattr(inplace, "use_lists", lambda p: True)
+        monkeypatch.setattr(inplace, "use_lists", lambda device: True)
     params, grads = params_and_grads()
     tx = make(name)
     state = tx.init(params)

@@ -45,7 +45,7 @@ def path(request, monkeypatch):
         monkeypatch.setattr(inplace, "SMALL", 8)
         monkeypatch.setattr(inplace, "SEGMENT", 16)
     if request.param == "lists":
-        monkeypatch.setattr(inplace, "use_lists", lambda p: True)
+        monkeypatch.setattr(inplace, "use_lists", lambda device: True)
     if request.param == "traced":
         monkeypatch.setattr(base, "tracing", lambda: True)
     return request.param

@@ -55,7 +55,7 @@ def _elementwise(
     (clr,) = coefficients
     if maximize:
         g = o.neg(g)
-    if nonzero(weight_decay):  # never with a sparse gradient (see Algorithm.check_grad)
+    if nonzero(weight_decay):  # never with a sparse gradient (see Algorithm.check_sparse_grad)
         g = o.add(g, p, alpha=weight_decay)
     if g.is_sparse:  # the update is non-linear, so indices must be unique
         g = g.coalesce()

@@ -305,12 +305,13 @@ def _step_in_place(
     sizes: dict[Any, int] = {}  # elements in each chunk
     rows = []  # every check comes before any param changes
     for g, state in zip(grads, states):
-        algorithm.check_grad(g, hyperparams)
+        if g.is_sparse:
+            algorithm.check_sparse_grad(hyperparams)
         try:
             tensors = [state[name] for name in algorithm.fields]
         except KeyError as e:
             raise _missing_entry(e) from None
-        rows.append((tensors, tuple(c.item() for c in tensors[:k])))
+        rows.append((tensors, tuple([c.item() for c in tensors[:k]])))
     for p, g, (tensors, values) in zip(params, grads, rows):
         if values not in schedules:
             schedules[values] = algorithm.schedule(*values, **hyperparams)
@@ -326,22 +327,24 @@ def _step_in_place(
             p, g, buffers = local
         if p.is_complex():
             p, g, buffers = as_real(p), as_real(g), [as_real(b) for b in buffers]
-        if not g.is_sparse and inplace.use_lists(p):
-            group = lists.setdefault((values, p.dtype, p.device), [[] for _ in range(2 + len(buffers))])
+        # read once: each attribute read costs as much as a small op (300 tiny params)
+        device, sparse, numel = p.device, g.is_sparse, p.numel()
+        if not sparse and inplace.use_lists(device):
+            group = lists.setdefault((values, p.dtype, device), [[] for _ in range(2 + len(buffers))])
             for column, t in zip(group, (p, g, *buffers)):
                 column.append(t)
-        elif g.is_sparse or not algorithm.per_element or not inplace.blockable(p, *buffers):
+        elif sparse or not algorithm.per_element or not inplace.blockable(p, *buffers):
             inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
-        elif p.numel() > inplace.SMALL:
+        elif numel > inplace.SMALL:
             inplace.run_blocks(algorithm, coefficients, hyperparams, p, p, g, buffers)
         else:
-            key = (values, p.dtype, p.device)
+            key = (values, p.dtype, device)
             chunk = chunks.get(key)
             if chunk is None:
                 chunk = chunks[key] = [[] for _ in range(2 + len(buffers))]
             for column, t in zip(chunk, (p, g, *buffers)):
                 column.append(t.flatten())  # a view: the params and buffers are contiguous
-            size = sizes.pop(key, 0) + p.numel()
+            size = sizes.pop(key, 0) + numel
             if size >= inplace.SEGMENT:
                 inplace.run_chunk(algorithm, coefficients, hyperparams, chunks.pop(key))
             else:

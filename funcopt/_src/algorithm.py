@@ -162,13 +162,12 @@ class Algorithm:
         for bound in self.bounds:
             bound.check(hyperparams, tensors)
 
-    def check_grad(self, g: Tensor, hyperparams: Hyperparams) -> None:
+    def check_sparse_grad(self, hyperparams: Hyperparams) -> None:
         """torch's checks of a sparse gradient, run for every param before any changes."""
-        if g.is_sparse:
-            if not self.sparse:
-                raise RuntimeError(f"{self.name} does not support sparse gradients")
-            if nonzero(hyperparams.get("weight_decay", 0)):
-                raise RuntimeError("weight_decay option is not compatible with sparse gradients")
+        if not self.sparse:
+            raise RuntimeError(f"{self.name} does not support sparse gradients")
+        if nonzero(hyperparams.get("weight_decay", 0)):
+            raise RuntimeError("weight_decay option is not compatible with sparse gradients")
 
     # -- the functional transformation ----------------------------------------
 
@@ -286,7 +285,8 @@ class Algorithm:
                     f"{self.name} update: the gradient of leaf {i} is a {type(g).__name__}; "
                     "grads must be a pytree of tensors (None for a param to skip)"
                 )
-            self.check_grad(g, hyperparams)
+            if g.is_sparse:
+                self.check_sparse_grad(hyperparams)
             counters = tuple(column[i] for column in columns[:k])
             # Leaves share their counter tensors (see init): the schedule is computed once
             # per run of leaves with the same counters. Compared by identity, not id()

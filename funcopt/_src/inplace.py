@@ -33,17 +33,17 @@ SMALL = 1 << 14
 """Tensors up to this size are concatenated into chunks; larger ones are split into blocks."""
 
 
-def use_lists(p: Tensor) -> bool:
-    """Whether `p` steps with its group through `ForEach` ops (`run_lists`): off the CPU,
-    where what counts is the number of kernel launches, not cache reuse."""
-    return p.device.type != "cpu"
+def use_lists(device: torch.device) -> bool:
+    """Whether params on `device` step in groups through `ForEach` ops (`run_lists`): off
+    the CPU, where what counts is the number of kernel launches, not cache reuse."""
+    return device.type != "cpu"
 
 
 def fresh_in_lists(t: Tensor) -> bool:
     """Whether the functional path steps `t` with its group through `ForEach` ops
     (`fresh_lists`) rather than by itself (`fresh_step`): where `use_lists` says so, and
     for small CPU tensors, where the per-op overhead is what counts."""
-    return use_lists(t) or t.numel() <= SMALL
+    return use_lists(t.device) or t.numel() <= SMALL
 
 
 def run(algorithm: Any, coefficients: Any, hyperparams: Any, out: Any, p: Any, g: Any,
