@@ -268,10 +268,21 @@ def test_transformation_arguments_are_checked(combinator):
         combinator(fo.Adamax)
     with pytest.raises(
         TypeError,
-        match=r"expects a GradientTransformation \(with init and update\); got an object of type int$",
+        match=r": expected a GradientTransformation \(with init and update\), got an object of type int$",
     ):
         combinator(3)
     combinator(fo.adamax())  # a transformation is fine
+
+
+def test_optimizer_transform_is_checked():
+    """fo.Optimizer refuses a class where a transformation or its factory belongs, and
+    a factory that returns something else, naming what it got."""
+    p = torch.nn.Parameter(torch.ones(2))
+    p.grad = torch.ones(2)
+    with pytest.raises(TypeError, match="but got the class Adamax: pass a factory such as fo.adamax"):
+        fo.Optimizer([p], fo.Adamax, lr=0.1)
+    with pytest.raises(TypeError, match="^fo.Optimizer, from the transform function: expected a Gradient"):
+        fo.Optimizer([p], lambda lr: lr, lr=0.1).step()
 
 
 # (params, grads) -> (grads, the params init gets, params), with one tree that differs;

@@ -35,7 +35,7 @@ from torch.optim.optimizer import ParamsT
 
 from . import inplace
 from .algorithm import Algorithm, Hyperparams, normalize, scalar_dtype
-from .base import GradientTransformation, as_real
+from .base import GradientTransformation, as_real, check_transformation
 
 try:
     from torch.distributed.tensor import DTensor
@@ -112,6 +112,12 @@ class Optimizer(torch.optim.Optimizer):
     def _check_defaults(transform: Any, defaults: dict[str, Any]) -> None:
         if isinstance(transform, Algorithm):
             transform.check(defaults, tensors=True)
+        elif isinstance(transform, type):
+            raise TypeError(
+                "transform must be a GradientTransformation or a function returning one, but got "
+                f"the class {transform.__name__}: pass a factory such as fo.adamax (with the "
+                "hyperparameters as keyword arguments), or use an optimizer class directly"
+            )
         elif not (isinstance(transform, GradientTransformation) or callable(transform)):
             raise TypeError(
                 "transform must be a GradientTransformation or a function returning one, "
@@ -220,7 +226,9 @@ class Optimizer(torch.optim.Optimizer):
     def _make_transform(self, hyperparams: Hyperparams) -> GradientTransformation:
         if isinstance(self._transform, GradientTransformation):
             return self._transform
-        return self._transform(**hyperparams)
+        transform = self._transform(**hyperparams)
+        check_transformation(transform, "fo.Optimizer, from the transform function")
+        return transform
 
     def _new_state(self, p: Tensor, group: dict[str, Any]) -> dict[str, Any]:
         hyperparams = self._hyperparams(self.defaults)

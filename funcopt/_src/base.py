@@ -207,7 +207,7 @@ def check_transformation(transform: Any, where: str) -> None:
         got = f"the function {name}: call it, {name}(...), to get one"
     else:
         got = f"an object of type {type(transform).__name__}"
-    raise TypeError(f"{where} expects a GradientTransformation (with init and update); got {got}")
+    raise TypeError(f"{where}: expected a GradientTransformation (with init and update), got {got}")
 
 
 def chain(*transforms: GradientTransformation) -> GradientTransformation:
