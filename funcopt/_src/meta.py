@@ -39,7 +39,9 @@ def inner_loop(
 
     Args:
         loss_fn: ``loss_fn(params, *batch) -> scalar``. For a module, build it with
-            ``torch.func.functional_call(model, params, (x,))``.
+            ``torch.func.functional_call(model, params, (x,))``. A module with BatchNorm
+            layers needs ``torch.func.replace_all_batch_norm_modules_(model)`` first:
+            torch.func refuses their in-place updates of running statistics.
         params: the pytree of tensors to adapt (for a module: a dict of its parameters).
         transform: the inner optimizer, e.g. ``fo.nadam(lr=lr)``.
         batches: one tuple of extra ``loss_fn`` arguments per step, e.g.
