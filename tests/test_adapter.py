@@ -551,10 +551,11 @@ def test_bfloat16_params(name):
 @pytest.mark.parametrize("default_dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_compiled_step_matches_torch_eager(name, default_dtype, first_compiled):
-    """torch.compile(optimizer.step), from the first step or after eager steps: same
-    params and state as torch's eager step, compiled once (the state is created outside
-    the traced code). Under a float64 default dtype the counters are 0-d float64
-    tensors, whose direct in-place writes torch 2.13's compiler can drop."""
+    """torch.compile(optimizer.step, fullgraph=True), from the first step or after eager
+    steps: same params and state as torch's eager step, compiled once (the state is
+    created outside the traced code), with no graph break. Under a float64 default dtype
+    the counters are 0-d float64 tensors, whose direct in-place writes torch 2.13's
+    compiler can drop."""
     import torch._dynamo
 
     def scenario(cls):
@@ -565,7 +566,12 @@ def test_compiled_step_matches_torch_eager(name, default_dtype, first_compiled):
             m = model()
             scalar = torch.nn.Parameter(torch.tensor(0.5))  # a 0-d param, 0-d state
             opt = cls([*m.parameters(), scalar], lr=0.1)
-            compiled = torch.compile(opt.step, backend="aot_eager") if cls is fo_cls(name) else opt.step
+            # fullgraph: no graph break (torch's own classes break the graph here)
+            compiled = (
+                torch.compile(opt.step, fullgraph=True, backend="aot_eager")
+                if cls is fo_cls(name)
+                else opt.step
+            )
             x, y = data()
             for i in range(first_compiled + 3):
                 opt.zero_grad()
