@@ -49,11 +49,6 @@ class EmptyState(NamedTuple):
 torch.serialization.add_safe_globals([EmptyState])  # loads with torch.load(weights_only=True)
 
 
-def tree_flatten(tree: Any) -> tuple[list[Any], optree.PyTreeSpec]:
-    """Flatten with ``None`` as a leaf, so a missing gradient keeps its place."""
-    return optree.tree_flatten(tree, none_is_leaf=True)
-
-
 def flatten_together(
     tree: Any, *others: Any, names: Sequence[str] = (), hint: str = ""
 ) -> tuple[list[list[Any]], Callable[[Iterable[Any]], Any]]:
@@ -69,7 +64,7 @@ def flatten_together(
     Dynamo traces ``tree_flatten`` and ``unflatten`` through a Python emulation of optree
     instead, which cost 2.4 s of the 8.7 s it took to trace Adamax's update on 160 leaves."""
     if not torch.compiler.is_compiling():
-        leaves, treedef = tree_flatten(tree)
+        leaves, treedef = optree.tree_flatten(tree, none_is_leaf=True)  # a None gradient keeps its place
         columns = [leaves]
         for j, other in enumerate(others, 1):
             try:
