@@ -108,3 +108,27 @@ def test_large_tensors_match_torch(name):
     ]
     grad_steps = [[torch.randn(p.shape, generator=gen, dtype=p.dtype) for p in base] for _ in range(3)]
     assert_matches_torch(name, {"weight_decay": 0.1}, base, grad_steps)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_small_params_in_chunks_match_torch(name):
+    """The adapter's chunks of small params (`inplace.Chunks`): a group of one trailing
+    shape large enough to step by itself (some of its params and gradients transposed
+    views), a few params of other trailing shapes that join the 1-d chunk as flat views,
+    channels-last and transposed ones that cannot, 1-d and 0-d params."""
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(shape, generator=gen)
+
+    group = [rand(3, 4) if i % 3 else rand(4, 3).t() for i in range(inplace.FEW + 2)]
+    few = [rand(2, 5) for _ in range(3)]
+    odd = [rand(2, 3, 2, 2).to(memory_format=torch.channels_last), rand(5, 2).t()]
+    base = [*group, *few, *odd, rand(7), rand(), rand(1)]
+    assert not all(p.is_contiguous() for p in group) and not any(p.is_contiguous() for p in odd)
+
+    def grad(i, p):  # every other matrix's gradient a transposed view
+        return rand(*reversed(p.shape)).mT if p.ndim == 2 and i % 2 == 0 else rand(*p.shape)
+
+    grad_steps = [[grad(i, p) for i, p in enumerate(base)] for _ in range(3)]
+    assert_matches_torch(name, {"weight_decay": 0.1}, base, grad_steps)

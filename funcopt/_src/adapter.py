@@ -307,10 +307,8 @@ def _step_in_place(
     k = len(algorithm.counters)
     schedules: dict[tuple[float, ...], Any] = {}  # counter values -> (new values, coefficients)
     counters: dict[tuple[float, ...], list[list[Tensor]]] = {}  # counter values -> their tensors
-    chunks: dict[Any, list[list[Tensor]]] = {}  # (values, dtype, device) -> flat views
+    chunks = inplace.Chunks(algorithm, hyperparams)  # small params on the CPU
     lists: dict[Any, list[list[Tensor]]] = {}  # (values, dtype, device) -> tensors (GPUs)
-    chunk: list[list[Tensor]] | None
-    sizes: dict[Any, int] = {}  # elements in each chunk
     rows = []  # every check comes before any param changes
     for g, state in zip(grads, states):
         if g.is_sparse:
@@ -341,24 +339,15 @@ def _step_in_place(
             group = lists.setdefault((values, p.dtype, device), [[] for _ in range(2 + len(buffers))])
             for column, t in zip(group, (p, g, *buffers)):
                 column.append(t)
-        elif sparse or not algorithm.per_element or not inplace.blockable(p, *buffers):
+        elif sparse or not algorithm.per_element:
             inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
-        elif numel > inplace.SMALL:
+        elif numel <= inplace.SMALL:
+            chunks.add((values, p.dtype, device), coefficients, p, g, buffers)
+        elif inplace.blockable(p, *buffers):
             inplace.run_blocks(algorithm, coefficients, hyperparams, p, p, g, buffers)
         else:
-            key = (values, p.dtype, device)
-            chunk = chunks.get(key)
-            if chunk is None:
-                chunk = chunks[key] = [[] for _ in range(2 + len(buffers))]
-            for column, t in zip(chunk, (p, g, *buffers)):
-                column.append(t.flatten())  # a view: the params and buffers are contiguous
-            size = sizes.pop(key, 0) + numel
-            if size >= inplace.SEGMENT:
-                inplace.run_chunk(algorithm, coefficients, hyperparams, chunks.pop(key))
-            else:
-                sizes[key] = size
-    for (values, _, _), chunk in chunks.items():
-        inplace.run_chunk(algorithm, schedules[values][1], hyperparams, chunk)
+            inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
+    chunks.run()
     for (values, _, _), columns in lists.items():
         inplace.run_lists(algorithm, schedules[values][1], hyperparams, columns)
     for values, (new_values, _) in schedules.items():

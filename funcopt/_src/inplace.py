@@ -33,10 +33,13 @@ SMALL = 1 << 14
 """Tensors up to this size are concatenated into chunks; larger ones are split into blocks."""
 
 
+_CPU = torch.device("cpu")
+
+
 def use_lists(device: torch.device) -> bool:
     """Whether params on `device` step in groups through `ForEach` ops (`run_lists`): off
     the CPU, where what counts is the number of kernel launches, not cache reuse."""
-    return device.type != "cpu"
+    return device != _CPU  # faster than reading device.type, per param
 
 
 def fresh_in_lists(t: Tensor) -> bool:
@@ -98,12 +101,18 @@ def run_blocks(algorithm: Any, coefficients: Any, hyperparams: Any, out: Tensor,
             block_p, flat_g[i:j], block_buffers)  # fmt: skip
 
 
+FEW = 16
+"""Small params of another trailing shape step as a chunk of their own from this many on;
+fewer join the chunk of 1-d params as flat views."""
+
+
 def run_chunk(algorithm: Any, coefficients: Any, hyperparams: Any,
-              chunk: list[list[Tensor]]) -> None:  # fmt: skip
+              chunk: Sequence[list[Tensor]]) -> None:  # fmt: skip
     """Step several small params in place at once.
 
-    `chunk` holds flat views: the params, their gradients, then each buffer. The math
-    runs on their concatenation; the results are copied back into the views.
+    `chunk` holds the params, their gradients, then each buffer, all with one trailing
+    shape (``t.shape[1:]``). The math runs on their concatenation along the first
+    dimension; the results are copied back.
     """
     if len(chunk[0]) == 1:
         p, g, *buffers = (column[0] for column in chunk)
@@ -111,9 +120,59 @@ def run_chunk(algorithm: Any, coefficients: Any, hyperparams: Any,
         return
     p, g, *buffers = [torch.cat(column) for column in chunk]
     run(algorithm, coefficients, hyperparams, p, p, g, buffers)
-    sizes = [t.numel() for t in chunk[0]]
+    sizes = [t.shape[0] for t in chunk[0]]
     for targets, result in zip((chunk[0], *chunk[2:]), (p, *buffers)):
         torch._foreach_copy_(targets, result.split(sizes))
+
+
+def _flat_viewable(chunk: Sequence[list[Tensor]]) -> bool:
+    """Whether the params and buffers of `chunk` have flat views, which writes reach."""
+    return all(t.is_contiguous() for column in (chunk[0], *chunk[2:]) for t in column)
+
+
+class Chunks:
+    """Small CPU params, stepped in chunks (`run_chunk`) of about `SEGMENT` elements that
+    share a schedule, dtype and device.
+
+    A chunk is concatenated along the first dimension, so its params share their
+    trailing shape and need no flat view: a view costs about a microsecond, which counts
+    with hundreds of tiny params. 1-d params (and 0-d ones, as 1-d views) make one chunk;
+    fewer than `FEW` contiguous params of another trailing shape join it as flat views
+    rather than step by themselves.
+    """
+
+    def __init__(self, algorithm: Any, hyperparams: Any) -> None:
+        self.algorithm, self.hyperparams = algorithm, hyperparams
+        # (key, trailing shape) -> (coefficients, columns, elements in them)
+        self.open: dict[Any, tuple[Any, list[list[Tensor]], list[int]]] = {}
+
+    def add(self, key: Any, coefficients: Any, p: Tensor, g: Tensor, buffers: Sequence[Tensor]) -> None:
+        """Queue a param with its gradient and buffers; `key` holds what its chunk shares
+        with it besides the trailing shape (schedule, dtype, device)."""
+        row = (p, g, *buffers) if p.ndim else [t.view(1) for t in (p, g, *buffers)]
+        key = (key, row[0].shape[1:])
+        entry = self.open.get(key)
+        if entry is None:
+            entry = self.open[key] = (coefficients, [[] for _ in row], [0])
+        for column, t in zip(entry[1], row):
+            column.append(t)
+        entry[2][0] += p.numel()
+        if entry[2][0] >= SEGMENT:
+            run_chunk(self.algorithm, coefficients, self.hyperparams, self.open.pop(key)[1])
+
+    def run(self) -> None:
+        """Step the queued params."""
+        flat: dict[Any, tuple[Any, list[list[Tensor]]]] = {}
+        for (key, tail), (coefficients, chunk, _) in self.open.items():
+            if tail and (len(chunk[0]) >= FEW or not _flat_viewable(chunk)):
+                run_chunk(self.algorithm, coefficients, self.hyperparams, chunk)
+                continue
+            _, columns = flat.setdefault(key, (coefficients, [[] for _ in chunk]))
+            for column, ts in zip(columns, chunk):
+                column.extend([t.flatten() for t in ts] if tail else ts)
+        for coefficients, columns in flat.values():
+            run_chunk(self.algorithm, coefficients, self.hyperparams, columns)
+        self.open.clear()
 
 
 def fresh_step(algorithm: Any, coefficients: Any, hyperparams: Any, p: Tensor | None, g: Tensor,
