@@ -5,10 +5,10 @@ Used by the torch.optim adapters (which update params and state in place) and by
 functional update in plain eager mode (which computes its new tensors in place, in
 fresh memory, so that its inputs are only read).
 
-The math runs on flat segments of about `SEGMENT` elements: several small tensors
-concatenated (per-tensor Python overhead dominates small tensors), or a block of a
-large one (the intermediate passes over a block stay in the CPU cache, where a whole
-large tensor would stream from memory at every op). The math is per-element
+The math runs on segments of about `SEGMENT` elements: several small tensors
+concatenated (`Chunks`: per-tensor Python overhead dominates small tensors), or a flat
+block of a large one (the intermediate passes over a block stay in the CPU cache, where
+a whole large tensor would stream from memory at every op). The math is per-element
 (`Algorithm.per_element`), so this changes no result.
 
 On a GPU the cost is kernel launches, not memory traffic through a cache: there the
@@ -28,7 +28,7 @@ from .base import as_real
 from .ops import ForEach, Fresh, InPlace, TensorList
 
 SEGMENT = 1 << 19
-"""Elements in a flat segment: a block of a large tensor, or a chunk of small ones."""
+"""Elements in a segment: a block of a large tensor, or a chunk of small ones."""
 SMALL = 1 << 14
 """Tensors up to this size are concatenated into chunks; larger ones are split into blocks."""
 
