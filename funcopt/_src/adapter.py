@@ -302,7 +302,7 @@ def _step_in_place(
 ) -> None:
     """torch.optim's step, in place. Per param, the counters are read as Python floats
     and the schedule runs in double precision (once per distinct counter values); the
-    elementwise math runs on flat segments on the CPU, and with foreach ops over each
+    elementwise math runs on segments on the CPU, and with foreach ops over each
     group of params elsewhere (see ``inplace.py``)."""
     k = len(algorithm.counters)
     schedules: dict[tuple[float, ...], Any] = {}  # counter values -> (new values, coefficients)

@@ -1,4 +1,4 @@
-"""Running an algorithm's elementwise math in place, fast: on flat segments on the CPU,
+"""Running an algorithm's elementwise math in place, fast: on segments on the CPU,
 on lists of tensors elsewhere.
 
 Used by the torch.optim adapters (which update params and state in place) and by the
