@@ -122,7 +122,7 @@ def run_chunk(algorithm: Any, coefficients: Any, hyperparams: Any,
     run(algorithm, coefficients, hyperparams, p, p, g, buffers)
     sizes = [t.shape[0] for t in chunk[0]]
     for targets, result in zip((chunk[0], *chunk[2:]), (p, *buffers)):
-        torch._foreach_copy_(targets, result.split(sizes))
+        torch.split_with_sizes_copy(result, sizes, 0, out=targets)  # no views: faster
 
 
 def _flat_viewable(chunk: Sequence[list[Tensor]]) -> bool:
