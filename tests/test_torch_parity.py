@@ -110,8 +110,9 @@ def test_large_tensors_match_torch(name):
     assert_matches_torch(name, {"weight_decay": 0.1}, base, grad_steps)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64], ids=str)
 @pytest.mark.parametrize("name", ALGORITHMS)
-def test_small_params_in_chunks_match_torch(name):
+def test_small_params_in_chunks_match_torch(name, dtype):
     """The adapter's chunks of small params (`inplace.Chunks`): a group of one trailing
     shape large enough to step by itself (some of its params and gradients transposed
     views), a few params of other trailing shapes that join the 1-d chunk as flat views,
@@ -119,7 +120,7 @@ def test_small_params_in_chunks_match_torch(name):
     gen = torch.Generator().manual_seed(0)
 
     def rand(*shape):
-        return torch.randn(shape, generator=gen)
+        return torch.randn(shape, generator=gen, dtype=dtype)
 
     group = [rand(3, 4) if i % 3 else rand(4, 3).t() for i in range(inplace.FEW + 2)]
     few = [rand(2, 5) for _ in range(3)]
