@@ -332,7 +332,6 @@ def test_update_and_apply_take_any_kind_of_dict():
 
 
 def test_apply_updates_with_mismatched_structure():
-
     params = {"a": torch.randn(3), "b": torch.randn(2)}
     with pytest.raises(
         ValueError, match=r"^apply_updates: updates does not .*missing key\(s\): \['b'\]\)\. Pass"
@@ -345,7 +344,6 @@ def test_apply_updates_with_mismatched_structure():
 
 
 def test_optimizer_rejects_non_transform():
-
     with pytest.raises(TypeError, match="GradientTransformation"):
         fo.Optimizer([torch.nn.Parameter(torch.randn(2))], 3)
 

@@ -143,8 +143,8 @@ class Chunks:
 
     def __init__(self, algorithm: Any, hyperparams: Any) -> None:
         self.algorithm, self.hyperparams = algorithm, hyperparams
-        # (key, trailing shape) -> (coefficients, columns, elements in them)
-        self.open: dict[Any, tuple[Any, list[list[Tensor]], list[int]]] = {}
+        # (key, trailing shape) -> [coefficients, columns, elements in them]
+        self.open: dict[Any, list[Any]] = {}
 
     def add(self, key: Any, coefficients: Any, p: Tensor, g: Tensor, buffers: Sequence[Tensor]) -> None:
         """Queue a param with its gradient and buffers; `key` holds what its chunk shares
@@ -153,11 +153,11 @@ class Chunks:
         key = (key, row[0].shape[1:])
         entry = self.open.get(key)
         if entry is None:
-            entry = self.open[key] = (coefficients, [[] for _ in row], [0])
+            entry = self.open[key] = [coefficients, [[] for _ in row], 0]
         for column, t in zip(entry[1], row):
             column.append(t)
-        entry[2][0] += p.numel()
-        if entry[2][0] >= SEGMENT:
+        entry[2] += p.numel()
+        if entry[2] >= SEGMENT:
             run_chunk(self.algorithm, coefficients, self.hyperparams, self.open.pop(key)[1])
 
     def run(self) -> None:
