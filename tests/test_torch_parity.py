@@ -42,8 +42,8 @@ def path(request, monkeypatch):
     groups of params) on the CPU; or the functional update forced onto its traced path
     (Pure ops, schedules on float64 tensors), as under torch.func/compile."""
     if request.param == "segments":
-        monkeypatch.setattr(inplace, "SMALL", 8)
-        monkeypatch.setattr(inplace, "SEGMENT", 16)
+        for name, size in [("SMALL", 8), ("TINY", 8), ("CHUNK", 16), ("SEGMENT", 16)]:
+            monkeypatch.setattr(inplace, name, size)
     if request.param == "lists":
         monkeypatch.setattr(inplace, "use_lists", lambda device: True)
     if request.param == "traced":
@@ -116,7 +116,8 @@ def test_small_params_in_chunks_match_torch(name, dtype):
     """The adapter's chunks of small params (`inplace.Chunks`): a group of one trailing
     shape large enough to step by itself (some of its params and gradients transposed
     views), a few params of other trailing shapes that join the 1-d chunk as flat views,
-    channels-last and transposed ones that cannot, 1-d and 0-d params."""
+    channels-last and transposed ones that cannot, 1-d and 0-d params, and enough 1-d
+    params to fill a chunk (`inplace.CHUNK`) and start another."""
     gen = torch.Generator().manual_seed(0)
 
     def rand(*shape):
@@ -125,7 +126,8 @@ def test_small_params_in_chunks_match_torch(name, dtype):
     group = [rand(3, 4) if i % 3 else rand(4, 3).t() for i in range(inplace.FEW + 2)]
     few = [rand(2, 5) for _ in range(3)]
     odd = [rand(2, 3, 2, 2).to(memory_format=torch.channels_last), rand(5, 2).t()]
-    base = [*group, *few, *odd, rand(7), rand(), rand(1)]
+    full = [rand(inplace.TINY) for _ in range(inplace.CHUNK // inplace.TINY + 1)]
+    base = [*group, *few, *odd, rand(7), rand(), rand(1), *full]
     assert not all(p.is_contiguous() for p in group) and not any(p.is_contiguous() for p in odd)
 
     def grad(i, p):  # every other matrix's gradient a transposed view

@@ -341,7 +341,7 @@ def _step_in_place(
                 column.append(t)
         elif sparse or not algorithm.per_element:
             inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
-        elif numel <= inplace.SMALL:
+        elif numel <= inplace.TINY:
             chunks.add((values, p.dtype, device), coefficients, p, g, buffers)
         elif inplace.blockable(p, *buffers):
             inplace.run_blocks(algorithm, coefficients, hyperparams, p, p, g, buffers)

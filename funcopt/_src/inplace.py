@@ -5,11 +5,11 @@ Used by the torch.optim adapters (which update params and state in place) and by
 functional update in plain eager mode (which computes its new tensors in place, in
 fresh memory, so that its inputs are only read).
 
-The math runs on segments of about `SEGMENT` elements: several small tensors
-concatenated (`Chunks`: per-tensor Python overhead dominates small tensors), or a flat
-block of a large one (the intermediate passes over a block stay in the CPU cache, where
-a whole large tensor would stream from memory at every op). The math is per-element
-(`Algorithm.per_element`), so this changes no result.
+On the CPU the math runs on segments: several tiny tensors concatenated (`Chunks` of
+`CHUNK` elements: per-tensor Python overhead dominates tiny tensors), or flat blocks of
+`SEGMENT` elements of a large one (the intermediate passes over a block stay in the CPU
+cache, where a whole large tensor would stream from memory at every op). The math is
+per-element (`Algorithm.per_element`), so this changes no result.
 
 On a GPU the cost is kernel launches, not memory traffic through a cache: there the
 adapters run the math once per group of params with `ForEach` ops (`run_lists`), as
@@ -28,9 +28,16 @@ from .base import as_real
 from .ops import ForEach, Fresh, InPlace, TensorList
 
 SEGMENT = 1 << 19
-"""Elements in a segment: a block of a large tensor, or a chunk of small ones."""
+"""Elements in a block of a large tensor; a tensor up to this size is one block."""
 SMALL = 1 << 14
-"""Tensors up to this size are concatenated into chunks; larger ones are split into blocks."""
+"""The functional path steps CPU tensors up to this size in groups (`fresh_in_lists`)."""
+TINY = 1 << 12
+"""The adapters step CPU params up to this size in chunks (`Chunks`)."""
+CHUNK = 1 << 15
+"""Elements in a chunk. A chunk's concatenations and temporaries are fresh memory at
+every step: at 128 KiB a tensor they stay in the CPU cache, and under the sizes at
+which glibc's malloc, by default, maps memory from the OS or gives it back (chunks of
+512K elements page-faulted 1,000-2,400 times a step in some processes, 2-4x slower)."""
 
 
 _CPU = torch.device("cpu")
@@ -78,27 +85,40 @@ def blockable(*tensors: Tensor | None) -> bool:
 def run_blocks(algorithm: Any, coefficients: Any, hyperparams: Any, out: Tensor, p: Tensor | None,
                g: Tensor, buffers: Sequence[Tensor],
                sources: Sequence[Tensor] | None = None) -> None:  # fmt: skip
-    """`run`, block by block over flat views of contiguous tensors.
+    """`run`, block by block over flat views of contiguous tensors (a tensor of at most
+    `SEGMENT` elements is one block, and needs no views).
 
     With `sources` the buffers and `out` are fresh memory: each block of a buffer first
     receives the block of its source, and the block of `out` is passed as `Fresh`.
     `p` is None for an update without params (the math then never reads it).
     """
+
+    def block(out: Tensor, p: Tensor | None, g: Tensor, buffers: Sequence[Tensor],
+              sources: Sequence[Tensor] | None) -> None:  # fmt: skip
+        if sources is not None:
+            for b, s in zip(buffers, sources):
+                b.copy_(s)
+        run(algorithm, coefficients, hyperparams, out if sources is None else Fresh(out), p, g, buffers)
+
+    n = g.numel()
+    if n <= SEGMENT:
+        block(out, p, g, buffers, sources)
+        return
     flat_p = None if p is None else p.view(-1)
     flat_out = out.view(-1)
     flat_g = g.reshape(-1)
     flat_buffers = [b.view(-1) for b in buffers]
     flat_sources = None if sources is None else [s.reshape(-1) for s in sources]
-    for i in range(0, flat_g.numel(), SEGMENT):
+    for i in range(0, n, SEGMENT):
         j = i + SEGMENT
         block_p = None if flat_p is None else flat_p[i:j]
-        block_out = block_p if block_p is not None and out is p else flat_out[i:j]
-        block_buffers = [b[i:j] for b in flat_buffers]
-        if flat_sources is not None:
-            for b, s in zip(block_buffers, flat_sources):
-                b.copy_(s[i:j])
-        run(algorithm, coefficients, hyperparams, block_out if flat_sources is None else Fresh(block_out),
-            block_p, flat_g[i:j], block_buffers)  # fmt: skip
+        block(
+            block_p if block_p is not None and out is p else flat_out[i:j],
+            block_p,
+            flat_g[i:j],
+            [b[i:j] for b in flat_buffers],
+            None if flat_sources is None else [s[i:j] for s in flat_sources],
+        )
 
 
 FEW = 16
@@ -131,7 +151,7 @@ def _flat_viewable(chunk: Sequence[list[Tensor]]) -> bool:
 
 
 class Chunks:
-    """Small CPU params, stepped in chunks (`run_chunk`) of about `SEGMENT` elements that
+    """Tiny CPU params, stepped in chunks (`run_chunk`) of about `CHUNK` elements that
     share a schedule, dtype and device.
 
     A chunk is concatenated along the first dimension, so its params share their
@@ -157,7 +177,7 @@ class Chunks:
         for column, t in zip(entry[1], row):
             column.append(t)
         entry[2] += p.numel()
-        if entry[2] >= SEGMENT:
+        if entry[2] >= CHUNK:
             run_chunk(self.algorithm, coefficients, self.hyperparams, self.open.pop(key)[1])
 
     def run(self) -> None:
