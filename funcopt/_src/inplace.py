@@ -18,7 +18,7 @@ torch's foreach path does.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -37,7 +37,7 @@ CHUNK = 1 << 15
 """Elements in a chunk. A chunk's concatenations and temporaries are fresh memory at
 every step: at 128 KiB a tensor they stay in the CPU cache, and under the sizes at
 which glibc's malloc, by default, maps memory from the OS or gives it back (chunks of
-512K elements page-faulted 1,000-2,400 times a step in some processes, 2-4x slower)."""
+512K elements page-faulted 600-2,900 times a step in some processes, up to 5x slower)."""
 
 
 _CPU = torch.device("cpu")
@@ -92,33 +92,32 @@ def run_blocks(algorithm: Any, coefficients: Any, hyperparams: Any, out: Tensor,
     receives the block of its source, and the block of `out` is passed as `Fresh`.
     `p` is None for an update without params (the math then never reads it).
     """
-
-    def block(out: Tensor, p: Tensor | None, g: Tensor, buffers: Sequence[Tensor],
-              sources: Sequence[Tensor] | None) -> None:  # fmt: skip
-        if sources is not None:
-            for b, s in zip(buffers, sources):
+    for block_out, block_p, block_g, block_buffers, block_sources in _blocks(out, p, g, buffers, sources):
+        if block_sources is not None:
+            for b, s in zip(block_buffers, block_sources):
                 b.copy_(s)
-        run(algorithm, coefficients, hyperparams, out if sources is None else Fresh(out), p, g, buffers)
+        run(algorithm, coefficients, hyperparams, block_out if block_sources is None else Fresh(block_out),
+            block_p, block_g, block_buffers)  # fmt: skip
 
+
+def _blocks(out: Tensor, p: Tensor | None, g: Tensor, buffers: Sequence[Tensor],
+            sources: Sequence[Tensor] | None) -> Iterator[tuple[Any, ...]]:  # fmt: skip
+    """The arguments of `run_blocks`, block by block. Where `out` is `p`, so is each
+    block of it (the math tests that identity)."""
     n = g.numel()
     if n <= SEGMENT:
-        block(out, p, g, buffers, sources)
+        yield out, p, g, buffers, sources
         return
     flat_p = None if p is None else p.view(-1)
-    flat_out = out.view(-1)
-    flat_g = g.reshape(-1)
+    flat_out, flat_g = out.view(-1), g.reshape(-1)
     flat_buffers = [b.view(-1) for b in buffers]
     flat_sources = None if sources is None else [s.reshape(-1) for s in sources]
     for i in range(0, n, SEGMENT):
         j = i + SEGMENT
         block_p = None if flat_p is None else flat_p[i:j]
-        block(
-            block_p if block_p is not None and out is p else flat_out[i:j],
-            block_p,
-            flat_g[i:j],
-            [b[i:j] for b in flat_buffers],
-            None if flat_sources is None else [s[i:j] for s in flat_sources],
-        )
+        block_out = block_p if block_p is not None and out is p else flat_out[i:j]
+        block_sources = None if flat_sources is None else [s[i:j] for s in flat_sources]
+        yield block_out, block_p, flat_g[i:j], [b[i:j] for b in flat_buffers], block_sources
 
 
 FEW = 16
