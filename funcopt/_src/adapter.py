@@ -339,13 +339,13 @@ def _step_in_place(
             group = lists.setdefault((values, p.dtype, device), [[] for _ in range(2 + len(buffers))])
             for column, t in zip(group, (p, g, *buffers)):
                 column.append(t)
-        elif sparse or not algorithm.per_element:
-            inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
-        elif numel <= inplace.TINY:
+            continue
+        segmented = not sparse and algorithm.per_element  # may run on segments (see inplace.py)
+        if segmented and numel <= inplace.TINY:
             chunks.add((values, p.dtype, device), coefficients, p, g, buffers)
-        elif inplace.blockable(p, *buffers):
+        elif segmented and numel > inplace.SEGMENT and inplace.blockable(p, *buffers):
             inplace.run_blocks(algorithm, coefficients, hyperparams, p, p, g, buffers)
-        else:
+        else:  # the whole param at once: one segment, or no segments
             inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
     chunks.run()
     for (values, _, _), columns in lists.items():
