@@ -98,15 +98,23 @@ def test_matches_torch(name, desc, kwargs, dtype, path):
 
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_large_tensors_match_torch(name):
-    """Real sizes: a param split into several blocks, a non-contiguous large one, and a
-    large complex one, for the adapter and the functional path."""
+    """Real sizes: a param split into several blocks, a non-contiguous large one, a
+    large complex one, and one of a single block whose gradients are transposed views,
+    for the adapter and the functional path."""
     gen = torch.Generator().manual_seed(0)
     base = [
         torch.randn(3 * inplace.SEGMENT + 5, generator=gen),
         torch.randn(300, 400, 2, generator=gen)[..., 0],
         torch.randn(2 * inplace.SMALL, dtype=torch.complex64, generator=gen),
+        torch.randn(130, 140, generator=gen),
     ]
-    grad_steps = [[torch.randn(p.shape, generator=gen, dtype=p.dtype) for p in base] for _ in range(3)]
+
+    def grad(p):
+        if p.shape == (130, 140):
+            return torch.randn(140, 130, generator=gen).t()
+        return torch.randn(p.shape, generator=gen, dtype=p.dtype)
+
+    grad_steps = [[grad(p) for p in base] for _ in range(3)]
     assert_matches_torch(name, {"weight_decay": 0.1}, base, grad_steps)
 
 
