@@ -14,14 +14,25 @@ dominates.
 
 Targets: adapter <= 1.05x, functional <= 2.0x, adapter on tiny tensors <= 1.1x.
 
-    python benchmarks/step_time.py [--rounds 15] [--algorithms NAdam,Adamax] [--device cuda]
+With ``--models`` it then times the adapter on the parameter sets of a few models
+(`MODELS`), each algorithm and model in a new process, and counts its page faults per
+step: a step's time depends on the heap's history, which one process would share.
+
+    python benchmarks/step_time.py [--rounds 15] [--algorithms NAdam,Adamax] [--device cuda] [--models]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
 import time
+
+try:
+    import resource
+except ImportError:  # not POSIX
+    resource = None
 
 import torch
 
@@ -48,6 +59,41 @@ def benchmark_shapes() -> list[tuple[int, ...]]:
     return shapes
 
 
+def mobilenet_v2_shapes() -> list[tuple[int, ...]]:
+    """MobileNetV2's 158 tensors (3.5M elements): mostly small and mid-size."""
+    shapes: list[tuple[int, ...]] = [(32, 3, 3, 3), (32,), (32,)]
+    cin = 32
+    for t, c, n in [(1, 16, 1), (6, 24, 2), (6, 32, 3), (6, 64, 4), (6, 96, 3), (6, 160, 3), (6, 320, 1)]:
+        for _ in range(n):
+            hidden = cin * t
+            if t != 1:
+                shapes += [(hidden, cin, 1, 1), (hidden,), (hidden,)]
+            shapes += [(hidden, 1, 3, 3), (hidden,), (hidden,), (c, hidden, 1, 1), (c,), (c,)]
+            cin = c
+    return shapes + [(1280, 320, 1, 1), (1280,), (1280,), (1000, 1280), (1000,)]
+
+
+def resnet18_shapes() -> list[tuple[int, ...]]:
+    """ResNet-18's 62 tensors (11.7M elements)."""
+    shapes: list[tuple[int, ...]] = [(64, 3, 7, 7), (64,), (64,)]
+    cin = 64
+    for c in (64, 128, 256, 512):
+        for block in range(2):
+            shapes += [(c, cin, 3, 3), (c,), (c,), (c, c, 3, 3), (c,), (c,)]
+            if block == 0 and cin != c:
+                shapes += [(c, cin, 1, 1), (c,), (c,)]
+            cin = c
+    return shapes + [(1000, 512), (1000,)]
+
+
+MODELS = {
+    "MobileNetV2": mobilenet_v2_shapes,
+    "ResNet-18": resnet18_shapes,
+    "MLP 40x(64x64)": lambda: [(64, 64), (64,)] * 40,
+    "small CNN": lambda: [(32, 32, 3, 3), (32,), (32,)] * 10 + [(16, 16, 3, 3), (16,), (16,)] * 10,
+}
+
+
 def make_params(shapes, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     params = [(torch.randn(s, generator=g) * 0.1).to(device) for s in shapes]
@@ -69,14 +115,16 @@ def synchronizer(device: str):
     return torch.cuda.synchronize if torch.device(device).type == "cuda" else lambda: None
 
 
-def contenders(name: str, shapes, device="cpu", reverse: bool = False) -> dict[str, callable]:
+def contenders(
+    name: str, shapes, device="cpu", reverse: bool = False, functional: bool = True
+) -> dict[str, callable]:
     """Each contender owns its params and state; calling it performs one step. They are
     created, and later run, in this order, or in the reverse one."""
 
     def adapter_like(make):
         return lambda: make(make_trainable(shapes, device)).step
 
-    def functional():
+    def pure():
         params, grads = make_params(shapes, device=device)
         tx = getattr(fo, name.lower())()
         box = {"params": params, "state": tx.init(params)}
@@ -91,8 +139,10 @@ def contenders(name: str, shapes, device="cpu", reverse: bool = False) -> dict[s
         "torch": adapter_like(lambda ps: getattr(torch.optim, name)(ps, foreach=False)),
         "torch foreach": adapter_like(lambda ps: getattr(torch.optim, name)(ps, foreach=True)),
         "funcopt adapter": adapter_like(lambda ps: getattr(fo, name)(ps)),
-        "funcopt functional": functional,
+        "funcopt functional": pure,
     }
+    if not functional:
+        del builders["funcopt functional"]
     labels = list(builders)[::-1] if reverse else list(builders)
     return {label: builders[label]() for label in labels}
 
@@ -125,12 +175,56 @@ def timed(name: str, shapes, device: str, rounds: int, sync=lambda: None) -> dic
     return {label: statistics.median(ts) for label, ts in times.items()}
 
 
+def page_faults() -> int:
+    return 0 if resource is None else resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def model_step(name: str, model: str, device: str, rounds: int) -> None:
+    """The adapter's step on one model's params against torch's faster step, and its most
+    page faults in a step; run in a process of its own (see `models`). The functional
+    update is left out: its fresh memory would change the heap that the others see."""
+    steps = contenders(name, MODELS[model](), device, functional=False)
+    adapter, faults = steps["funcopt adapter"], []
+
+    def counted():
+        before = page_faults()
+        adapter()
+        faults.append(page_faults() - before)
+
+    steps["funcopt adapter"] = counted
+    t = {
+        label: statistics.median(ts)
+        for label, ts in measure(steps, rounds, sync=synchronizer(device)).items()
+    }
+    ratio = t["funcopt adapter"] / min(t["torch"], t["torch foreach"])
+    print(
+        f"{name:10} {model:16} {t['funcopt adapter'] * 1e3:7.2f}ms {ratio:6.2f}x {max(faults[3:]):7d}",
+        flush=True,
+    )
+
+
+def models(algorithms: list[str], device: str, rounds: int) -> None:
+    """`model_step` for each algorithm and model, each in a new process."""
+    print(
+        f"\n{'algorithm':10} {'model':16} {'adapter':>9} {'ratio':>7} {'faults':>7}  (ratio to torch's faster step)"
+    )
+    for name in algorithms:
+        for model in MODELS:
+            options = [f"--model-step={name}:{model}", f"--rounds={rounds}", f"--device={device}"]
+            subprocess.run([sys.executable, __file__, *options], check=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--models", action="store_true", help="also time the adapter on model-shaped sets")
+    parser.add_argument("--model-step", help=argparse.SUPPRESS)  # ALGORITHM:MODEL, run by --models
     args = parser.parse_args()
+    if args.model_step:
+        model_step(*args.model_step.split(":", 1), args.device, args.rounds)
+        return
     sync = synchronizer(args.device)
 
     shapes = benchmark_shapes()
@@ -165,6 +259,8 @@ def main() -> None:
         )
     print("targets: adapter <= 1.05x, functional <= 2.0x, adapter on 300 tiny tensors <= 1.1x")
     print("(the functional update on the tiny tensors has no target: it allocates every new tensor)")
+    if args.models:
+        models(args.algorithms.split(","), args.device, args.rounds * 2)
 
 
 if __name__ == "__main__":
