@@ -32,7 +32,7 @@ import time
 try:
     import resource
 except ImportError:  # not POSIX
-    resource = None
+    resource = None  # type: ignore[assignment]
 
 import torch
 
@@ -176,6 +176,7 @@ def timed(name: str, shapes, device: str, rounds: int, sync=lambda: None) -> dic
 
 
 def page_faults() -> int:
+    """Page faults of this process so far (0 where not POSIX)."""
     return 0 if resource is None else resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 

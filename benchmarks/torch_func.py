@@ -45,16 +45,11 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-try:
-    import resource
-except ImportError:  # not POSIX
-    resource = None  # type: ignore[assignment]
-
 import funcopt as fo
 from funcopt.demo import sinusoid_model, sinusoid_tasks
 
 sys.path.insert(0, str(Path(__file__).parent))
-from step_time import benchmark_shapes, make_params, make_trainable, synchronizer  # noqa: E402
+from step_time import benchmark_shapes, make_params, make_trainable, page_faults, synchronizer  # noqa: E402
 
 
 def median_time(fn, rounds, warmup=2):
@@ -191,12 +186,6 @@ def keep_freed_memory() -> bool:
         return False
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
     return bool(libc.mallopt(M_MMAP_THRESHOLD, 1 << 30)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
-
-
-def page_faults() -> int:
-    if resource is None:  # not POSIX
-        return 0
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def compile_benchmark(rounds: int, algorithms: list[str], keep: bool, device: str = "cpu") -> None:
