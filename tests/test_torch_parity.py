@@ -124,8 +124,9 @@ def test_small_params_in_chunks_match_torch(name, dtype):
     """The adapter's chunks of small params (`inplace.Chunks`): a group of one trailing
     shape large enough to step by itself (some of its params and gradients transposed
     views), a few params of other trailing shapes that join the 1-d chunk as flat views,
-    channels-last and transposed ones that cannot, 1-d and 0-d params, and enough 1-d
-    params to fill a chunk (`inplace.CHUNK`) and start another."""
+    channels-last and transposed ones that cannot, 1-d and 0-d params, enough 1-d
+    params to fill a chunk (`inplace.CHUNK`) and start another, and groups that fill
+    one when they join the 1-d chunk."""
     gen = torch.Generator().manual_seed(0)
 
     def rand(*shape):
@@ -135,7 +136,9 @@ def test_small_params_in_chunks_match_torch(name, dtype):
     few = [rand(2, 5) for _ in range(3)]
     odd = [rand(2, 3, 2, 2).to(memory_format=torch.channels_last), rand(5, 2).t()]
     full = [rand(inplace.TINY) for _ in range(inplace.CHUNK // inplace.TINY + 1)]
-    base = [*group, *few, *odd, rand(7), rand(), rand(1), *full]
+    n = inplace.CHUNK // inplace.TINY - 2  # a group short of a chunk, fewer than FEW
+    joining = [rand(2**i, inplace.TINY >> i) for i in range(3) for _ in range(n)]
+    base = [*group, *few, *odd, rand(7), rand(), rand(1), *full, *joining]
     assert not all(p.is_contiguous() for p in group) and not any(p.is_contiguous() for p in odd)
 
     def grad(i, p):  # every other matrix's gradient a transposed view

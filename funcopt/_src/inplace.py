@@ -181,15 +181,18 @@ class Chunks:
 
     def run(self) -> None:
         """Step the queued params."""
-        flat: dict[Any, tuple[Any, list[list[Tensor]]]] = {}
-        for (key, tail), (coefficients, chunk, _) in self.open.items():
+        flat: dict[Any, list[Any]] = {}  # key -> [coefficients, columns, elements in them]
+        for (key, tail), (coefficients, chunk, size) in self.open.items():
             if tail and (len(chunk[0]) >= FEW or not _flat_viewable(chunk)):
                 run_chunk(self.algorithm, coefficients, self.hyperparams, chunk)
                 continue
-            _, columns = flat.setdefault(key, (coefficients, [[] for _ in chunk]))
-            for column, ts in zip(columns, chunk):
+            entry = flat.setdefault(key, [coefficients, [[] for _ in chunk], 0])
+            for column, ts in zip(entry[1], chunk):
                 column.extend([t.flatten() for t in ts] if tail else ts)
-        for coefficients, columns in flat.values():
+            entry[2] += size
+            if entry[2] >= CHUNK:  # as in `add`: merged groups stay near `CHUNK`
+                run_chunk(self.algorithm, coefficients, self.hyperparams, flat.pop(key)[1])
+        for coefficients, columns, _ in flat.values():
             run_chunk(self.algorithm, coefficients, self.hyperparams, columns)
         self.open.clear()
 
