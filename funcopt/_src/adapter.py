@@ -342,7 +342,7 @@ def _step_in_place(
             continue
         segmented = not sparse and algorithm.per_element  # may run on segments (see inplace.py)
         if segmented and numel <= inplace.TINY:
-            chunks.add((values, p.dtype, device), coefficients, p, g, buffers)
+            chunks.add((values, p.dtype, device), coefficients, p, g, buffers, numel)
         elif segmented and numel > inplace.SEGMENT and inplace.blockable(p, *buffers):
             inplace.run_blocks(algorithm, coefficients, hyperparams, p, p, g, buffers)
         else:  # the whole param at once: one segment, or no segments

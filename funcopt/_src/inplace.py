@@ -165,9 +165,11 @@ class Chunks:
         # (key, trailing shape) -> [coefficients, columns, elements in them]
         self.open: dict[Any, list[Any]] = {}
 
-    def add(self, key: Any, coefficients: Any, p: Tensor, g: Tensor, buffers: Sequence[Tensor]) -> None:
+    def add(self, key: Any, coefficients: Any, p: Tensor, g: Tensor, buffers: Sequence[Tensor],
+            numel: int) -> None:  # fmt: skip
         """Queue a param with its gradient and buffers; `key` holds what its chunk shares
-        with it besides the trailing shape (schedule, dtype, device)."""
+        with it besides the trailing shape (schedule, dtype, device), and `numel` is
+        ``p.numel()``, which the caller has read."""
         row = (p, g, *buffers) if p.ndim else [t.view(1) for t in (p, g, *buffers)]
         key = (key, row[0].shape[1:])
         entry = self.open.get(key)
@@ -175,7 +177,7 @@ class Chunks:
             entry = self.open[key] = [coefficients, [[] for _ in row], 0]
         for column, t in zip(entry[1], row):
             column.append(t)
-        entry[2] += p.numel()
+        entry[2] += numel
         if entry[2] >= CHUNK:
             run_chunk(self.algorithm, coefficients, self.hyperparams, self.open.pop(key)[1])
 
