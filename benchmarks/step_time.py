@@ -193,13 +193,14 @@ def model_step(name: str, model: str, device: str, rounds: int) -> None:
         faults.append(page_faults() - before)
 
     steps["funcopt adapter"] = counted
+    warmup = 3
     t = {
         label: statistics.median(ts)
-        for label, ts in measure(steps, rounds, sync=synchronizer(device)).items()
+        for label, ts in measure(steps, rounds, warmup, sync=synchronizer(device)).items()
     }
     ratio = t["funcopt adapter"] / min(t["torch"], t["torch foreach"])
     print(
-        f"{name:10} {model:16} {t['funcopt adapter'] * 1e3:7.2f}ms {ratio:6.2f}x {max(faults[3:]):7d}",
+        f"{name:10} {model:16} {t['funcopt adapter'] * 1e3:7.2f}ms {ratio:6.2f}x {max(faults[warmup:]):7d}",
         flush=True,
     )
 
