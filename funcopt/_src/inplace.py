@@ -177,9 +177,7 @@ class Chunks:
             entry = self.open[key] = [coefficients, [[] for _ in row], 0]
         for column, t in zip(entry[1], row):
             column.append(t)
-        entry[2] += numel
-        if entry[2] >= CHUNK:
-            run_chunk(self.algorithm, coefficients, self.hyperparams, self.open.pop(key)[1])
+        self._grow(self.open, key, entry, numel)
 
     def run(self) -> None:
         """Step the queued params."""
@@ -191,12 +189,17 @@ class Chunks:
             entry = flat.setdefault(key, [coefficients, [[] for _ in chunk], 0])
             for column, ts in zip(entry[1], chunk):
                 column.extend([t.flatten() for t in ts] if tail else ts)
-            entry[2] += size
-            if entry[2] >= CHUNK:  # as in `add`: merged groups stay near `CHUNK`
-                run_chunk(self.algorithm, coefficients, self.hyperparams, flat.pop(key)[1])
+            self._grow(flat, key, entry, size)  # merged groups too stay near `CHUNK`
         for coefficients, columns, _ in flat.values():
             run_chunk(self.algorithm, coefficients, self.hyperparams, columns)
         self.open.clear()
+
+    def _grow(self, entries: dict[Any, list[Any]], key: Any, entry: list[Any], size: int) -> None:
+        """Count `size` more elements in `entry`, the chunk at `key` of `entries`, and step
+        it (removing it from `entries`) once it holds `CHUNK`."""
+        entry[2] += size
+        if entry[2] >= CHUNK:
+            run_chunk(self.algorithm, entry[0], self.hyperparams, entries.pop(key)[1])
 
 
 def fresh_step(algorithm: Any, coefficients: Any, hyperparams: Any, p: Tensor | None, g: Tensor,
