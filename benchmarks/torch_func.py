@@ -49,30 +49,19 @@ import funcopt as fo
 from funcopt.demo import sinusoid_model, sinusoid_tasks
 
 sys.path.insert(0, str(Path(__file__).parent))
-from step_time import benchmark_shapes, make_params, make_trainable, page_faults, synchronizer  # noqa: E402
-
-
-def median_time(fn, rounds, warmup=2):
-    times = []
-    for i in range(warmup + rounds):
-        t0 = time.perf_counter()
-        fn()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+from step_time import (  # noqa: E402
+    benchmark_shapes,
+    make_params,
+    make_trainable,
+    measure,
+    page_faults,
+    synchronizer,
+)
 
 
 def interleaved(fns: dict, rounds: int, warmup: int = 2, sync=lambda: None) -> dict:
-    times = {k: [] for k in fns}
-    for i in range(warmup + rounds):
-        for k, fn in fns.items():
-            sync()
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            if i >= warmup:
-                times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
+    """Each function's median time over `rounds` rounds, interleaved in each round."""
+    return {k: statistics.median(v) for k, v in measure(fns, rounds, warmup, sync).items()}
 
 
 # -- 1. learning-rate sweep -------------------------------------------------------
