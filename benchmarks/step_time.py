@@ -164,6 +164,11 @@ def measure(
     return times
 
 
+def interleaved(fns: dict, rounds: int, warmup: int = 2, sync=lambda: None) -> dict[str, float]:
+    """Each function's median time over `rounds` rounds, interleaved in each round."""
+    return {k: statistics.median(v) for k, v in measure(fns, rounds, warmup, sync).items()}
+
+
 def timed(name: str, shapes, device: str, rounds: int, sync=lambda: None) -> dict[str, float]:
     """Median step times, pooled over two sittings that create and run the contenders in
     opposite orders: within one process, the contender created first measured up to 10%
@@ -194,10 +199,7 @@ def model_step(name: str, model: str, device: str, rounds: int) -> None:
 
     steps["funcopt adapter"] = counted
     warmup = 3
-    t = {
-        label: statistics.median(ts)
-        for label, ts in measure(steps, rounds, warmup, sync=synchronizer(device)).items()
-    }
+    t = interleaved(steps, rounds, warmup, sync=synchronizer(device))
     ratio = t["funcopt adapter"] / min(t["torch"], t["torch foreach"])
     print(
         f"{name:10} {model:16} {t['funcopt adapter'] * 1e3:7.2f}ms {ratio:6.2f}x {max(faults[warmup:]):7d}",

@@ -51,18 +51,12 @@ from funcopt.demo import sinusoid_model, sinusoid_tasks
 sys.path.insert(0, str(Path(__file__).parent))
 from step_time import (  # noqa: E402
     benchmark_shapes,
+    interleaved,
     make_params,
     make_trainable,
-    measure,
     page_faults,
     synchronizer,
 )
-
-
-def interleaved(fns: dict, rounds: int, warmup: int = 2, sync=lambda: None) -> dict:
-    """Each function's median time over `rounds` rounds, interleaved in each round."""
-    return {k: statistics.median(v) for k, v in measure(fns, rounds, warmup, sync).items()}
-
 
 # -- 1. learning-rate sweep -------------------------------------------------------
 
