@@ -92,6 +92,38 @@ def test_tensor_hyperparameters_equal_floats(name, tensor_dtype):
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
+def test_counters_are_float64_for_float64_params(name):
+    """init shares one counter per dtype: torch's float32 for float32, bfloat16 and
+    complex64 params, float64 for float64 and complex128 ones. Each leaf then steps as
+    it would alone, float64 leaves with float64 counters."""
+    g = torch.Generator().manual_seed(0)
+    dtypes = {
+        "a": torch.float32,
+        "b": torch.float64,
+        "c": torch.bfloat16,
+        "d": torch.complex128,
+        "e": torch.complex64,
+    }
+    params = {k: torch.randn(3, generator=g, dtype=d) for k, d in dtypes.items()}
+    grads = {k: torch.randn(3, generator=g, dtype=d) for k, d in dtypes.items()}
+    tx = make(name)
+    state = tx.init(params)
+    steps = state.step
+    assert {k: steps[k].dtype for k in dtypes} == {
+        "a": torch.float32, "b": torch.float64, "c": torch.float32, "d": torch.float64, "e": torch.float32
+    }  # fmt: skip
+    assert steps["a"] is steps["c"] is steps["e"] and steps["b"] is steps["d"]
+    for _ in range(3):
+        updates, state = tx.update(grads, state, params)
+    for k in dtypes:
+        alone = tx.init({k: params[k]})
+        for _ in range(3):
+            expected, alone = tx.update({k: grads[k]}, alone, {k: params[k]})
+        assert_same(updates[k], expected[k], rtol=0, atol=0)
+        assert_same([f[k] for f in state], [f[k] for f in alone], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
 def test_counter_dtype_does_not_promote(name):
     """A float64 step counter (default dtype float64 at init) does not promote float32."""
     params, grads = params_and_grads()

@@ -19,11 +19,11 @@ STEPS = 3
 
 
 @pytest.fixture(autouse=True)
-def float64_counters():
-    """Counters (step, mu_product) take the default dtype, as in torch: float64 here, so
-    that finite differences are not polluted by float32 rounding of mu_product."""
+def restore_default_dtype():
+    """The default dtype stays float32: float64 params get float64 counters (step,
+    mu_product) from `init` all the same, so finite differences and gradcheck are not
+    polluted by float32 rounding of mu_product. A test may change it; this restores it."""
     old = torch.get_default_dtype()
-    torch.set_default_dtype(F64)
     yield
     torch.set_default_dtype(old)
 
@@ -291,17 +291,20 @@ def test_forward_ad_dual_tensors_equal_torch_func_jvp(name):
 
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_gradcheck_through_steps(name):
-    """torch.autograd.gradcheck on the final params as a function of initial params and lr."""
+    """torch.autograd.gradcheck on the final params as a function of the initial params
+    and of every hyperparameter, all float64 under the default (float32) dtype: float64
+    params get float64 counters, so NAdam's mu_product does not round to float32."""
     params, x, y = problem()
+    keys = list(HYPER[name])
 
-    def f(w, b, lr):
-        adapted, _, _ = fo.inner_loop(
-            loss_fn, {"w": w, "b": b}, make(name, {**HYPER[name], "lr": lr}), [(x, y)] * 2
-        )
+    def f(w, b, *values):
+        tx = make(name, dict(zip(keys, values)))
+        adapted, _, _ = fo.inner_loop(loss_fn, {"w": w, "b": b}, tx, [(x, y)] * 2)
         return adapted["w"], adapted["b"]
 
-    lr = torch.tensor(HYPER[name]["lr"], dtype=F64, requires_grad=True)
-    assert torch.autograd.gradcheck(f, (params["w"].requires_grad_(), params["b"].requires_grad_(), lr))
+    values = [torch.tensor(HYPER[name][k], dtype=F64, requires_grad=True) for k in keys]
+    assert torch.get_default_dtype() == torch.float32
+    assert torch.autograd.gradcheck(f, (params["w"].requires_grad_(), params["b"].requires_grad_(), *values))
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)

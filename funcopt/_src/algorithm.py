@@ -185,7 +185,11 @@ class Algorithm:
         (leaves,), unflatten = flatten_together(params)
         initial = self.initial(**hyperparams)
         k = len(self.counters)
-        shared: dict[torch.device, list[Tensor]] = {}  # one counter per device, shared
+        # One counter per device and dtype, shared by the leaves. Its dtype is torch's
+        # (the default dtype, see `scalar_dtype`), or float64 for float64 params: a float64
+        # run, checked by gradcheck or finite differences, then does not meet float32
+        # rounding of a counter (NAdam's mu_product). The torch classes keep torch's.
+        shared: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
         columns: list[list[Any]] = [[] for _ in self.fields]
         for i, p in enumerate(leaves):
             if p is None:
@@ -204,11 +208,10 @@ class Algorithm:
                     "gradient step can update; leave it out of the params (such as BatchNorm's "
                     "num_batches_tracked), or put None in its place"
                 )
-            if p.device not in shared:
-                shared[p.device] = [
-                    torch.as_tensor(v, dtype=scalar_dtype(), device=p.device) for v in initial[:k]
-                ]
-            values = shared[p.device] + [full_like(p, v) for v in initial[k:]]
+            where = (p.device, torch.promote_types(scalar_dtype(), real_dtype(p)))
+            if where not in shared:
+                shared[where] = [torch.as_tensor(v, dtype=where[1], device=p.device) for v in initial[:k]]
+            values = shared[where] + [full_like(p, v) for v in initial[k:]]
             for column, v in zip(columns, values):
                 column.append(v)
         return self.state(*(unflatten(c) for c in columns))
