@@ -7,6 +7,7 @@ import copy
 import inspect
 import io
 import pickle
+import warnings
 
 import pytest
 import torch
@@ -272,6 +273,56 @@ def test_lr_schedulers(name, sched):
     assert len(set(lrs)) > 1
     if sched == "OneCycleLR" and betas[0] is not None:
         assert len({b[0] for b in betas}) > 1  # OneCycleLR rewrote beta1 each step
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_compiled_step_with_lr_scheduler(name):
+    """torch.compile(optimizer.step, fullgraph=True) after a scheduler is attached (whose
+    wrapper of step Dynamo would not trace), with a tensor lr that the scheduler sets in
+    place: one compile, the params of torch's eager step under the same schedule, and
+    none of the scheduler's call-order warnings."""
+    import torch._dynamo
+
+    def scenario(cls):
+        torch._dynamo.reset()
+        m = model()
+        opt = cls(m.parameters(), lr=torch.tensor(0.05))
+        scheduler = SCHEDULERS["LambdaLR"](opt)
+        step = opt.step
+        if cls is fo_cls(name):
+            step = torch.compile(opt.step, fullgraph=True, backend="aot_eager")
+        x, y = data()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for i in range(5):
+                opt.zero_grad()
+                loss_fn(m, x, y).backward()
+                with torch._dynamo.config.patch(error_on_recompile=i > 0):
+                    step()
+                scheduler.step()
+        assert not [w for w in caught if "optimizer.step()" in str(w.message)]
+        return [p.detach() for p in m.parameters()], float(opt.param_groups[0]["lr"])
+
+    twin(name, scenario, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_lr_scheduler_warns_of_its_step_first_as_torch(name):
+    """A scheduler stepped before the optimizer warns, as with torch's classes; in the
+    right order it does not."""
+    for cls in (torch_cls(name), fo_cls(name)):
+        for scheduler_first in (True, False):
+            m = model()
+            opt = cls(m.parameters(), lr=0.01)
+            scheduler = SCHEDULERS["StepLR"](opt)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                if scheduler_first:
+                    scheduler.step()
+                train(opt, m, steps=1)
+                scheduler.step()
+            messages = [str(w.message) for w in caught if "lr_scheduler.step()" in str(w.message)]
+            assert len(messages) == scheduler_first, (cls, messages)
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)

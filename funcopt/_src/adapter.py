@@ -203,12 +203,24 @@ class Optimizer(torch.optim.Optimizer):
                     self._step_group(group, params, grads)
         return loss
 
+    # An LR scheduler replaces ``optimizer.step`` with a wrapper that records the call in
+    # ``_opt_called`` (it warns if its own step comes first), unless step is marked as
+    # already wrapped. Dynamo never traces into that wrapper (torch.optim.lr_scheduler is
+    # on its skip list), so ``torch.compile(optimizer.step, fullgraph=True)`` would fail
+    # once a scheduler is attached. step carries the mark; `_init_group` records the call.
+    step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+
     def _init_group(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> None:
         """Collect a group's params that have a gradient, and their gradients, and
         create their state where it is missing. torch.compile runs a method of this
         name eagerly while it traces a step (as for torch.optim's classes), so the
         first compiled step already sees the state and a second step does not
-        recompile."""
+        recompile.
+
+        It also records that step was called, for an LR scheduler (see `step`): here, not
+        in step, because torch.compile drops a traced step's writes to the optimizer's
+        attributes (torch 2.13), and runs this method eagerly."""
+        self._opt_called = True
         for p in group["params"]:
             if p.grad is not None:
                 params.append(p)
