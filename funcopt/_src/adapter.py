@@ -329,10 +329,11 @@ def _step_in_place(
             tensors = [state[name] for name in algorithm.fields]
         except KeyError as e:
             raise _missing_entry(e) from None
-        rows.append((tensors, tuple([c.item() for c in tensors[:k]])))
+        # the counters' values, then their dtypes (torch updates a counter in its dtype)
+        rows.append((tensors, tuple([c.item() for c in tensors[:k]] + [c.dtype for c in tensors[:k]])))
     for p, g, (tensors, values) in zip(params, grads, rows):
         if values not in schedules:
-            schedules[values] = algorithm.schedule(*values, **hyperparams)
+            schedules[values] = algorithm.schedule(*values[:k], counter_dtypes=values[k:], **hyperparams)
             counters[values] = []
         counters[values].append(tensors[:k])
         coefficients = schedules[values][1]

@@ -12,6 +12,9 @@ An algorithm file (see ``nadam.py``) gives:
   run on Python floats (in double precision, as torch), or on float64 0-d tensors
   where the counters may not be read in Python (torch.compile, a capturable step, or
   counters that a torch.func transform batches or differentiates; see `_schedule`).
+  The keyword ``counter_dtypes`` gives the counters' dtypes where they were read (else
+  Nones), for a counter that torch updates by more than a count (see
+  ``ops.counter_product``).
 - ``elementwise(o, out, p, g, *buffers, coefficients, **hyperparams) -> (out, buffers)``:
   the per-tensor math, written once against ``o`` (see ``ops.py``). It reads ``p`` for
   weight decay only: ``p`` is None in an update without params, which ``update`` allows
@@ -388,7 +391,8 @@ class Algorithm:
             values = tuple(c.item() for c in counters)
             key = (values, tuple((c.dtype, c.device) for c in counters))
             if key not in by_value:
-                new, coefficients = self.schedule(*values, **hyperparams)
+                dtypes = tuple(c.dtype for c in counters)
+                new, coefficients = self.schedule(*values, counter_dtypes=dtypes, **hyperparams)
                 by_value[key] = (
                     tuple(
                         # a value computed from a tensor hyperparameter stays in its graph
@@ -400,7 +404,9 @@ class Algorithm:
                     coefficients,
                 )
             return by_value[key]
-        new, coefficients = self.schedule(*(c.to(torch.float64) for c in counters), **hyperparams)
+        new, coefficients = self.schedule(
+            *(c.to(torch.float64) for c in counters), counter_dtypes=(None,) * len(counters), **hyperparams
+        )
         return tuple(n.to(c.dtype) for n, c in zip(new, counters)), coefficients
 
     def _pure_step(

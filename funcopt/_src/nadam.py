@@ -21,7 +21,7 @@ from torch.optim.optimizer import ParamsT
 from .adapter import Optimizer
 from .algorithm import Algorithm, Bound
 from .base import GradientTransformation, Params
-from .ops import Coef, Ops, nonzero, power
+from .ops import Coef, Ops, counter_product, nonzero, power
 
 
 class NAdamState(NamedTuple):
@@ -42,13 +42,20 @@ def _mu(beta1: Any, momentum_decay: Any, step: Any) -> Any:
 
 
 def _schedule(
-    step: Coef, mu_product: Coef, *, lr: Coef, betas: tuple[Coef, Coef], momentum_decay: Coef, **_: Any
+    step: Coef,
+    mu_product: Coef,
+    *,
+    lr: Coef,
+    betas: tuple[Coef, Coef],
+    momentum_decay: Coef,
+    counter_dtypes: tuple[Any, Any],
+    **_: Any,
 ) -> tuple[tuple[Coef, Coef], tuple[Coef, Coef, Coef]]:
     beta1, beta2 = betas
     step = step + 1
     mu = _mu(beta1, momentum_decay, step)
     mu_next = _mu(beta1, momentum_decay, step + 1)
-    mu_product = mu_product * mu
+    mu_product = counter_product(mu_product, mu, counter_dtypes[1])
     bias_correction2 = 1 - power(beta2, step)
     grad_coef = -lr * (1.0 - mu) / (1.0 - mu_product)
     avg_coef = -lr * mu_next / (1.0 - mu_product * mu_next)

@@ -68,6 +68,18 @@ def power(base: Coef, exponent: Coef) -> Coef:
     return base**exponent
 
 
+def counter_product(counter: Coef, factor: Coef, dtype: torch.dtype | None) -> Coef:
+    """``counter * factor`` for a schedule's new counter, computed as torch.optim computes
+    it, in place in the counter tensor (NAdam's ``mu_product *= mu``): in the counter's
+    `dtype`, float32 by default, so that the product, and the coefficients torch then
+    reads back from it, round as torch's do. `dtype` is None where the counters are
+    float64 tensors (traced), and a tensor factor keeps its graph: the product is then
+    plain."""
+    if dtype is None or isinstance(counter, Tensor) or isinstance(factor, Tensor):
+        return counter * factor
+    return torch.tensor(counter, dtype=dtype).mul_(factor).item()
+
+
 class Fresh(NamedTuple):
     """``out`` as memory that holds no value yet, standing for a zero update: the first
     op that writes it assigns its result there, with no pass to zero it first, and
