@@ -9,7 +9,11 @@ On the CPU the math runs on segments: several tiny tensors concatenated (`Chunks
 `CHUNK` elements: per-tensor Python overhead dominates tiny tensors), or flat blocks of
 `SEGMENT` elements of a large one (the intermediate passes over a block stay in the CPU
 cache, where a whole large tensor would stream from memory at every op). The math is
-per-element (`Algorithm.per_element`), so this changes no result.
+per-element (`Algorithm.per_element`), so this changes no float32 or float64 result.
+In bfloat16 and float16, torch's CPU kernels round some ops (``add`` with ``alpha``)
+differently in a run's vectorized body and in its scalar tail, so moving those
+boundaries can change an element by one unit in the last place; torch's own results
+move the same way with the number of threads, which sets where each thread's run ends.
 
 On a GPU the cost is kernel launches, not memory traffic through a cache: there the
 adapters run the math once per group of params with `ForEach` ops (`run_lists`), as
