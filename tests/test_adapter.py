@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 import torch
-from helpers import ALGORITHMS, assert_same, fo_cls, torch_cls
+from helpers import ALGORITHMS, assert_same, fo_cls, optim_inputs, torch_cls
 from torch.optim import lr_scheduler
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
@@ -275,26 +275,36 @@ def test_lr_schedulers(name, sched):
         assert len({b[0] for b in betas}) > 1  # OneCycleLR rewrote beta1 each step
 
 
-@pytest.mark.parametrize("reload", [False, True])
-@pytest.mark.parametrize("name", ALGORITHMS)
-def test_bit_for_bit_with_torch_over_many_steps(name, reload):
+BIT_CASES = [
+    (name, desc, kwargs, reload)
+    for name in ALGORITHMS
+    for desc, kwargs in optim_inputs(name, with_flags=False)
+    for reload in ([False, True] if desc == "default" else [False])
+]
+
+
+@pytest.mark.parametrize(
+    "name,desc,kwargs,reload", BIT_CASES, ids=[f"{n}-{d}{'-reload' * r}" for n, d, _, r in BIT_CASES]
+)
+def test_bit_for_bit_with_torch_over_many_steps(name, desc, kwargs, reload):
     """40 steps on a problem that amplifies any difference in rounding (a 1-ulp
     difference grows to ~1e-4 here: torch's own foreach and for-loop NAdam differ that
-    much): the params equal torch's bit for bit, NAdam's too, whose ``mu_product *= mu``
-    rounds in the counter's dtype. With `reload`, the state goes through torch's
-    ``load_state_dict`` onto float64 params, which casts mu_product (not step) to
-    float64."""
+    much), for each of torch's option sets: the params equal those of torch's default
+    step bit for bit, NAdam's too, whose ``mu_product *= mu`` rounds in the counter's
+    dtype. With `reload`, the state goes through torch's ``load_state_dict`` onto
+    float64 params, which casts mu_product (not step) to float64."""
 
     def scenario(cls):
         torch.manual_seed(0)
         dtype = torch.float64 if reload else torch.float32
         m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).to(dtype)
         x, y = torch.randn(64, 8, dtype=dtype), torch.randn(64, 1, dtype=dtype)
-        opt = cls(m.parameters(), lr=0.01)
+        options = {"lr": 0.01, **kwargs}
+        opt = cls(m.parameters(), **options)
         for i in range(40):
             if reload and i == 5:
                 sd = opt.state_dict()
-                opt = cls(m.parameters(), lr=0.01)
+                opt = cls(m.parameters(), **options)
                 opt.load_state_dict(sd)
             opt.zero_grad()
             torch.nn.functional.mse_loss(m(x), y).backward()
