@@ -389,9 +389,9 @@ class Algorithm:
         step in the same groups, and share their new counters."""
         if not traceable and all(readable(c) for c in counters):
             values = tuple(c.item() for c in counters)
-            key = (values, tuple((c.dtype, c.device) for c in counters))
+            dtypes = tuple(c.dtype for c in counters)
+            key = (values, dtypes, tuple(c.device for c in counters))
             if key not in by_value:
-                dtypes = tuple(c.dtype for c in counters)
                 new, coefficients = self.schedule(*values, counter_dtypes=dtypes, **hyperparams)
                 by_value[key] = (
                     tuple(
