@@ -143,13 +143,18 @@ def records(*leaf_lists: Sequence[Any]) -> bool:
     )
 
 
+SMALL = 1 << 14
+"""Elements in a small tensor, whose step costs its ops' per-call overhead more than its
+memory traffic: the functional update steps small tensors in groups, with foreach ops
+(see `grouped_under_autograd` and ``inplace.fresh_in_lists``)."""
+
+
 def grouped_under_autograd(t: Tensor) -> bool:
     """Whether, where autograd records, `t` is stepped in a group by foreach ops (one
-    autograd node per op for the group): if small, where per-op overhead is what counts.
-    Larger tensors take per-tensor ops: torch's foreach ops save every input for the
-    backward pass, where per-tensor ops save only what they need (about twice the
-    memory)."""
-    return t.numel() <= 1 << 14
+    autograd node per op for the group): if small (`SMALL`). Larger tensors take
+    per-tensor ops: torch's foreach ops save every input for the backward pass, where
+    per-tensor ops save only what they need (about twice the memory)."""
+    return t.numel() <= SMALL
 
 
 def apply_updates(params: Params, updates: Updates) -> Params:

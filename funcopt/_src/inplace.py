@@ -28,13 +28,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .base import as_real
+from .base import SMALL, as_real
 from .ops import ForEach, Fresh, InPlace, TensorList
 
 SEGMENT = 1 << 19
 """Elements in a block of a large tensor; a tensor up to this size is one block."""
-SMALL = 1 << 14
-"""The functional path steps CPU tensors up to this size in groups (`fresh_in_lists`)."""
 TINY = 1 << 12
 """The adapters step CPU params up to this size in chunks (`Chunks`)."""
 CHUNK = 1 << 15
