@@ -388,7 +388,14 @@ def _step_pure(
     updates, new_columns = algorithm.update_leaves(
         hyperparams, params, grads, columns, capturable, written_back=True
     )
-    _write_back(params, states, zip(algorithm.fields, new_columns), updates)
+    # the state's tensors are those the update read, shaped as its results: written in place
+    for olds, news in zip(columns, new_columns):
+        for old, new in zip(olds, news):
+            if new is not old:
+                _copy_into(old, new)
+    for p, u in zip(params, updates):
+        if u is not None:  # every param here has a gradient: never None
+            p.add_(u)
 
 
 def _write_back(
@@ -488,11 +495,16 @@ def _assign(state: dict[str, Any], name: str, value: Any) -> None:
         and old.shape == value.shape
         and not value.is_sparse
     ):
-        if old.dim() == 0:
-            # torch 2.13's compiler can drop an in-place write to a 0-d float64 CPU
-            # input (counters, the buffers of 0-d params), but not one through a view.
-            # The same tensor must be written: a compiled step guards on its identity.
-            old, value = old.view(1), value.view(1)
-        old.copy_(value)
+        _copy_into(old, value)
     else:
         state[name] = value
+
+
+def _copy_into(old: Tensor, new: Tensor) -> None:
+    """``old.copy_(new)``, also where torch.compile would drop it."""
+    if old.dim() == 0:
+        # torch 2.13's compiler can drop an in-place write to a 0-d float64 CPU input
+        # (counters, the buffers of 0-d params), but not one through a view. The same
+        # tensor must be written: a compiled step guards on its identity.
+        old, new = old.view(1), new.view(1)
+    old.copy_(new)
