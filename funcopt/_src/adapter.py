@@ -393,9 +393,7 @@ def _step_pure(
         for old, new in zip(olds, news):
             if new is not old:
                 _copy_into(old, new)
-    for p, u in zip(params, updates):
-        if u is not None:  # every param here has a gradient: never None
-            p.add_(u)
+    _add_updates(params, updates)
 
 
 def _write_back(
@@ -409,6 +407,11 @@ def _write_back(
     for name, values in columns:
         for state, value in zip(states, values):
             _assign(state, name, value)
+    _add_updates(params, updates)
+
+
+def _add_updates(params: list[Tensor], updates: Sequence[Tensor | None]) -> None:
+    """Add each update to its param, in place (None: a param the step skipped)."""
     for p, u in zip(params, updates):
         if u is not None:
             p.add_(u)

@@ -418,13 +418,12 @@ class Algorithm:
         hyperparams: Hyperparams,
     ) -> tuple[Tensor, list[Tensor]]:
         """One param's step with `Pure` ops; complex tensors run as pairs of reals."""
-        if not g.is_complex():  # nor are p and the buffers (checked): no views to make
-            out, new = self.elementwise(Pure, None, p, g, *buffers, coefficients, **hyperparams)
+        is_complex = g.is_complex()  # then so are p and the buffers (checked)
+        if is_complex:  # real tensors need no views (fewer for torch.compile to trace)
+            p, g, buffers = None if p is None else as_real(p), as_real(g), [as_real(b) for b in buffers]
+        out, new = self.elementwise(Pure, None, p, g, *buffers, coefficients, **hyperparams)
+        if not is_complex:
             return out, list(new)
-        out, new = self.elementwise(
-            Pure, None, None if p is None else as_real(p), as_real(g),
-            *[as_real(b) for b in buffers], coefficients, **hyperparams,
-        )  # fmt: skip
         return torch.view_as_complex(out), [torch.view_as_complex(b) for b in new]
 
     def _pure_lists(
