@@ -525,6 +525,33 @@ def test_compile_inductor_matches_eager():
         assert_same(comp_p, eager_p, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_compiled_training_step_with_weight_decay_matches_eager(name):
+    """A whole training step under inductor: the gradient (a matmul, for the weight) and
+    the update with weight decay, in one graph. Inductor in torch 2.13 rewrites
+    ``add(mm, y, alpha=c)`` into an ``addmm`` that drops `c`, which took the weight
+    decay as 1 here; the update must not give it an ``alpha``."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    params, x, y = problem(dtype=torch.float32)
+    tx = make(name, HYPER[name])
+
+    def step(params, state):
+        updates, state = tx.update(grad(loss_fn)(params, x, y), state, params)
+        return fo.apply_updates(params, updates), state
+
+    compiled = torch.compile(step, fullgraph=True)
+    eager_p, eager_s = params, tx.init(params)
+    comp_p, comp_s = params, tx.init(params)
+    for _ in range(3):
+        eager_p, eager_s = step(eager_p, eager_s)
+        comp_p, comp_s = compiled(comp_p, comp_s)
+    assert_same(comp_p, eager_p, rtol=1e-5, atol=1e-6)
+    assert_same(list(comp_s), list(eager_s), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("name", ["NAdam", "Adagrad"])
 def test_eps_root_keeps_meta_gradients_finite(name):
     """A gradient entry that is exactly zero (here: an input feature that is always 0)

@@ -249,7 +249,13 @@ class Pure:
     @staticmethod
     def add(x: Tensor, y: Tensor | Coef, alpha: Coef = 1) -> Tensor:
         y = _cast(y, x)
-        if isinstance(alpha, Tensor):
+        # Under torch.compile, no ``alpha``: inductor (torch 2.13) fuses
+        # ``add(mm(a, b), y, alpha=c)`` into ``addmm(y, a, b)``, dropping `c` (its
+        # ``addmm`` pattern in fx_passes/post_grad.py; pytorch/pytorch#167313 and
+        # #196577 report its other addmm patterns losing alpha), so a compiled step
+        # that took a Linear layer's gradient and added weight decay got ``g + p``.
+        # Inductor computes an ``alpha`` as this product anyway: same numerics.
+        if isinstance(alpha, Tensor) or (alpha != 1 and torch.compiler.is_compiling()):
             return x + _scale(y, alpha)
         return torch.add(x, y, alpha=alpha)
 
