@@ -9,7 +9,9 @@ the benchmark parameter set of ``step_time.py`` (its ~24M elements as one flat b
 for the C kernel, which moves the same bytes):
 
 - C in place, and C into fresh memory with ordinary and with streaming stores (AVX2,
-  compiled here with gcc and OpenMP, as many threads as torch uses);
+  compiled here with gcc and OpenMP, as many threads as torch uses), and the same
+  kernel with ordinary stores called tensor by tensor, into tensors allocated as a
+  pure step's outputs (the structure of inductor's step: a loop per tensor);
 - ``torch.compile`` of funcopt's pure Adamax step, of the same step on one element per
   tensor (its cost besides memory traffic: guards, allocations, calls), and of the step
   written back in place;
@@ -17,7 +19,8 @@ for the C kernel, which moves the same bytes):
 
 interleaved round by round, with freed memory kept in the process (see
 ``torch_func.keep_freed_memory``). If the compiled pure step costs what the C kernel
-with ordinary stores does, it is at this machine's floor for them. x86-64 with gcc only.
+with ordinary stores does, tensor by tensor, it is at this machine's floor for them on
+this set of tensors. x86-64 with gcc only.
 
     python benchmarks/store_floor.py [--rounds 15]
 """
@@ -109,6 +112,20 @@ def main() -> None:
 
     params, grads = make_params(shapes)
     tx = fo.adamax()
+    assert all(g.numel() % 8 == 0 for g in grads)  # the kernel's vectors of 8
+    # the same kernel, called tensor by tensor, as inductor's loops run
+    by_tensor = [
+        [p.clone() for p in params],
+        [torch.zeros_like(p) for p in params],
+        [torch.zeros_like(p) for p in params],
+    ]
+
+    def c_fresh_by_tensor() -> None:
+        new = [[torch.empty_like(t) for t in column] for column in by_tensor]
+        for i, g in enumerate(grads):
+            ts = (by_tensor[0][i], g, by_tensor[1][i], by_tensor[2][i], new[0][i], new[1][i], new[2][i])
+            kernel(ctypes.c_size_t(g.numel()), 0, threads, *(ctypes.c_void_p(t.data_ptr()) for t in ts))
+        by_tensor[:] = new
 
     def pure(grads, state, params):
         updates, state = tx.update(grads, state, params)
@@ -138,6 +155,7 @@ def main() -> None:
         "C, in place": lambda: c_step(0, flat["in"], flat["in"]),
         "C, fresh memory": c_fresh("fresh", 0),
         "C, fresh memory, streaming stores": c_fresh("nt", 1),
+        "C, fresh memory, tensor by tensor": c_fresh_by_tensor,
         "compiled pure step": inductor_pure,
         "compiled pure step, 1 element a tensor": inductor_pure_tiny,
         "compiled step written back in place": lambda: compiled_write_back(grads, in_place[1], in_place[0]),
