@@ -502,36 +502,13 @@ def test_compiled_write_back_matches_pure_steps(name, dtype):
 
 
 @pytest.mark.slow
-def test_compile_inductor_matches_eager():
-    """The real compiler (inductor) on NAdam and Adamax, whose schedules use `power`."""
-    import torch._dynamo
-
-    for name in ("NAdam", "Adamax"):
-        torch._dynamo.reset()
-        params, x, y = problem(dtype=torch.float32)
-        tx = make(name, HYPER[name])
-
-        def step(grads, state, params, tx=tx):
-            updates, state = tx.update(grads, state, params)
-            return fo.apply_updates(params, updates), state
-
-        compiled = torch.compile(step, fullgraph=True)
-        eager_p, eager_s = params, tx.init(params)
-        comp_p, comp_s = params, tx.init(params)
-        for _ in range(3):
-            grads = grad(loss_fn)(eager_p, x, y)
-            eager_p, eager_s = step(grads, eager_s, eager_p)
-            comp_p, comp_s = compiled(grads, comp_s, comp_p)
-        assert_same(comp_p, eager_p, rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_compiled_training_step_with_weight_decay_matches_eager(name):
-    """A whole training step under inductor: the gradient (a matmul, for the weight) and
-    the update with weight decay, in one graph. Inductor in torch 2.13 rewrites
-    ``add(mm, y, alpha=c)`` into an ``addmm`` that drops `c`, which took the weight
-    decay as 1 here; the update must not give it an ``alpha``."""
+    """The real compiler (inductor; the other compile tests use aot_eager) on a whole
+    training step: the gradient (a matmul, for the weight) and the update with weight
+    decay, in one graph, and NAdam's and Adamax's schedules with `power`. Inductor in
+    torch 2.13 rewrites ``add(mm, y, alpha=c)`` into an ``addmm`` that drops `c`, which
+    took the weight decay as 1 here; the update must not give it an ``alpha``."""
     import torch._dynamo
 
     torch._dynamo.reset()
