@@ -14,8 +14,8 @@ the same run.
    with freed memory kept in the process (see ``keep_freed_memory``), which removes the
    page faults a pure step can otherwise pay for its fresh outputs. For reference it
    also times the same compiled update with its results copied back into the inputs (in
-   place, not pure), and then, apart, ``torch.compile(update)`` alone, as the issue
-   words the target: it neither reads nor writes the params.
+   place, not pure), and then, apart, ``torch.compile(update)`` alone, as the target
+   is worded: it neither reads nor writes the params.
 
 4. With ``--compiled-adapter``: ``torch.compile(optimizer.step)`` of funcopt's adapter
    against torch.optim's compiled step, on the same parameter set, with the time of the
@@ -246,7 +246,7 @@ def compiled_step_benchmark(rounds: int, name: str, device: str = "cpu") -> None
         flush=True,
     )
 
-    # The update alone, `torch.compile(update)` as the issue words it, timed after the
+    # The update alone, `torch.compile(update)` as the target is worded, timed after the
     # rest, whose memory is freed first: its extra live tensors change the heap that
     # the whole step runs on (up to 3,000 page faults a step with them). It neither
     # reads nor writes the params, an array fewer each than any whole step.
