@@ -248,7 +248,7 @@ def compiled_step_benchmark(rounds: int, name: str, device: str = "cpu") -> None
 
     # The update alone, `torch.compile(update)` as the target is worded, timed after the
     # rest, whose memory is freed first: its extra live tensors change the heap that
-    # the whole step runs on (up to 3,000 page faults a step with them). It neither
+    # the whole step runs on (1,900-3,100 page faults a step with them). It neither
     # reads nor writes the params, an array fewer each than any whole step.
     del fns["compiled"], fns["in place"], in_place_step
     box.clear()
