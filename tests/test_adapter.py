@@ -233,6 +233,18 @@ def test_tensor_lr(name):
     twin(name, scenario)
 
 
+@pytest.mark.parametrize("name", ["Adamax", "NAdam"])
+def test_betas_as_one_tensor(name):
+    """torch.optim takes betas as one tensor of 2 elements (its default step unpacks it)."""
+
+    def scenario(cls):
+        m = model()
+        opt = cls(m.parameters(), betas=torch.tensor([0.8, 0.9]))
+        return train(opt, m, steps=5), opt.state_dict()
+
+    twin(name, scenario)
+
+
 SCHEDULERS = {
     "StepLR": lambda opt: lr_scheduler.StepLR(opt, step_size=2, gamma=0.5),
     "ExponentialLR": lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.9),

@@ -358,6 +358,27 @@ def test_vmap_over_hyperparameters_equals_loop(name):
     assert len(set(loop.tolist())) == n
 
 
+@pytest.mark.parametrize("name", ["Adamax", "NAdam"])
+def test_vmap_over_pairs_of_betas_in_one_tensor(name):
+    """betas may be one tensor of 2 elements, as torch.optim takes them: vmap over an
+    (N, 2) tensor of pairs equals N runs, and its gradient is the betas' gradients."""
+    params, x, y = problem()
+    pairs = torch.tensor([[0.5, 0.9], [0.8, 0.99], [0.9, 0.999]], dtype=F64)
+
+    def f(betas):
+        return train(name, {**HYPER[name], "beta1": betas[0], "beta2": betas[1]}, params, x, y)
+
+    def g(betas):  # the pair passed whole
+        hp = {k: v for k, v in HYPER[name].items() if k not in ("beta1", "beta2")}
+        adapted, _, _ = fo.inner_loop(loss_fn, params, factory(name)(betas=betas, **hp), [(x, y)] * STEPS)
+        return loss_fn(adapted, x, y)
+
+    loop = torch.stack([f(b) for b in pairs])
+    torch.testing.assert_close(vmap(g)(pairs), loop, rtol=1e-10, atol=1e-12)
+    assert len(set(loop.tolist())) == len(pairs)
+    torch.testing.assert_close(grad(g)(pairs[1]), grad(f)(pairs[1]), rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_vmap_over_model_ensemble_equals_loop(name):
     """vmap over an ensemble of initializations (params and state batched)."""

@@ -269,11 +269,16 @@ class Optimizer(torch.optim.Optimizer):
             and not self.defaults.get("differentiable")
             and not torch.compiler.is_compiling()
         ):
-            hyperparams = {k: _to_python(v) for k, v in hyperparams.items()}
+            hyperparams = {k: _to_python(v) for k, v in normalize(hyperparams, algorithm.pairs).items()}
             _step_in_place(algorithm, hyperparams, params, grads, states)
         elif algorithm is not None:
             _step_pure(
-                algorithm, normalize(hyperparams), params, grads, states, bool(group.get("capturable"))
+                algorithm,
+                normalize(hyperparams, algorithm.pairs),
+                params,
+                grads,
+                states,
+                bool(group.get("capturable")),
             )
         else:
             self._step_functional(self._make_transform(hyperparams), params, grads, states)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,8 +74,11 @@ class Bound:
         if self.index is not None:
             # torch indexes a pair (betas, etas) at its first step, failing there
             # with an unpacking error that names no hyperparameter
-            if not isinstance(value, (tuple, list)) or len(value) != 2:
-                raise ValueError(f"{self.key} must be a pair of numbers or 0-d tensors; got {value!r}")
+            if not (isinstance(value, (tuple, list)) and len(value) == 2 or _is_pair_tensor(value)):
+                raise ValueError(
+                    f"{self.key} must be a pair of numbers or 0-d tensors, or a tensor of 2 elements; "
+                    f"got {value!r}"
+                )
             value = value[self.index]
         if not (isinstance(value, Tensor) or _is_number(value)):
             # torch fails on the comparison below, with an error that names no hyperparameter
@@ -116,10 +119,19 @@ def full_like(p: Tensor, value: Any) -> Tensor:
     return torch.full_like(p, value, memory_format=torch.preserve_format)
 
 
-def normalize(hyperparams: Hyperparams) -> Hyperparams:
-    """1-element tensors become 0-d (so they broadcast like numbers); tuples stay tuples."""
+def _is_pair_tensor(value: Any) -> bool:
+    """A pair of hyperparameters (betas) as one tensor of 2 elements, as torch.optim
+    takes it: under vmap over a batch of pairs, each member is one."""
+    return isinstance(value, Tensor) and value.shape == (2,)
+
+
+def normalize(hyperparams: Hyperparams, pairs: Collection[str] = ()) -> Hyperparams:
+    """1-element tensors become 0-d (so they broadcast like numbers); tuples stay tuples,
+    and the `pairs` given as a tensor of 2 elements become tuples of 0-d tensors."""
 
     def one(key: str, v: Any) -> Any:
+        if key in pairs and _is_pair_tensor(v):
+            return tuple(v.unbind())
         if isinstance(v, Tensor):
             if v.numel() != 1:
                 raise ValueError(f"Tensor {key} must be 1-element")
@@ -154,6 +166,11 @@ class Algorithm:
         # a saved state loads with torch.load's default weights_only=True
         torch.serialization.add_safe_globals([self.state])
 
+    @property
+    def pairs(self) -> tuple[str, ...]:
+        """The hyperparameters that are pairs (betas)."""
+        return tuple({b.key: None for b in self.bounds if b.index is not None})
+
     # -- checks ---------------------------------------------------------------
 
     def check(self, hyperparams: Hyperparams, tensors: bool = False) -> None:
@@ -176,7 +193,7 @@ class Algorithm:
 
     def __call__(self, **hyperparams: Any) -> GradientTransformation:
         """The pure transformation for these hyperparameters (not range-checked)."""
-        hp = normalize(hyperparams)
+        hp = normalize(hyperparams, self.pairs)
         return GradientTransformation(functools.partial(self.init, hp), functools.partial(self.update, hp))
 
     def transform(self, **hyperparams: Any) -> GradientTransformation:
