@@ -444,6 +444,28 @@ def test_compile_fullgraph_without_recompiles(name):
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
+def test_compiled_update_with_a_skipped_param(name):
+    """A None gradient skips its param, whose step counter then no longer shares the
+    others': the second step compiles again (documented), later ones do not."""
+    import torch._dynamo
+
+    params, x, y = problem(dtype=torch.float32)
+    grads_seq = [{**grad(loss_fn)(params, x * (1 + i / 4), y), "b": None} for i in range(4)]
+    tx = make(name, HYPER[name])
+    torch._dynamo.reset()
+    compiled = torch.compile(tx.update, fullgraph=True, backend="aot_eager")
+    comp_s, eager_s = tx.init(params), tx.init(params)
+    for i, grads in enumerate(grads_seq):
+        with torch._dynamo.config.patch(error_on_recompile=i > 1):
+            comp_u, comp_s = compiled(grads, comp_s, params)
+        eager_u, eager_s = tx.update(grads, eager_s, params)
+        assert comp_u["b"] is None
+        assert_same(comp_u["w"], eager_u["w"], rtol=1e-5, atol=1e-6)
+    assert_same(list(comp_s), list(eager_s), rtol=1e-5, atol=1e-6)
+    assert int(comp_s.step["w"]) == 4 and int(comp_s.step["b"]) == 0
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
 def test_compiled_vmapped_training_runs(name):
     """torch.compile over a whole vmapped sweep (gradient, update and apply_updates inside,
     several steps), fullgraph: equal to the eager sweep."""
