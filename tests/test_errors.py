@@ -345,6 +345,19 @@ def test_apply_updates_with_mismatched_structure():
         fo.apply_updates(params, torch.randn(3))
 
 
+@pytest.mark.parametrize("shape", [(3, 2), (), (1,)])
+def test_apply_updates_with_mismatched_shape(shape):
+    """An update of another shape would broadcast (the param taking its shape, or one
+    value added to all its elements): refused, params untouched."""
+    params = {"a": torch.randn(3), "b": torch.randn(2)}
+    before = {k: v.clone() for k, v in params.items()}
+    with pytest.raises(
+        ValueError, match=rf"^apply_updates: the update of leaf 1 has shape {re.escape(str(shape))}"
+    ):
+        fo.apply_updates(params, {"a": torch.ones(3), "b": torch.ones(shape)})
+    assert all(torch.equal(params[k], before[k]) for k in params)
+
+
 def test_optimizer_rejects_non_transform():
     with pytest.raises(TypeError, match="GradientTransformation"):
         fo.Optimizer([torch.nn.Parameter(torch.randn(2))], 3)

@@ -175,6 +175,12 @@ def apply_updates(params: Params, updates: Updates) -> Params:
     )
     new = list(ps)  # a None update (or param) leaves the param as it is
     todo = [i for i, (p, u) in enumerate(zip(ps, us)) if p is not None and u is not None]
+    for i in todo:  # an update of another shape would broadcast: the param would take its shape
+        if ps[i].shape != us[i].shape:
+            raise ValueError(
+                f"apply_updates: the update of leaf {i} has shape {tuple(us[i].shape)}, its param "
+                f"{tuple(ps[i].shape)}. Pass the updates that update(grads, state, params) returned."
+            )
     # one foreach call per group of those alike: one kernel on a GPU, one autograd node
     groups: dict[bool, list[int]] = {}  # by whether they record: a foreach op's outputs all do if one does
     if untraced({}, ps, us):
