@@ -82,7 +82,7 @@ ADAMAX = Algorithm(
 
 def adamax(
     lr: float | Tensor = 2e-3,
-    betas: tuple[float | Tensor, float | Tensor] = (0.9, 0.999),
+    betas: tuple[float | Tensor, float | Tensor] | Tensor = (0.9, 0.999),
     eps: float | Tensor = 1e-8,
     weight_decay: float | Tensor = 0.0,
     maximize: bool = False,
@@ -91,7 +91,7 @@ def adamax(
 
     Args:
         lr: learning rate.
-        betas: decay rates of the first moment and of the infinity norm.
+        betas: decay rates of the first moment and of the infinity norm, or one tensor of the two.
         eps: added to ``|g|`` inside the max, for numerical stability.
         weight_decay: L2 penalty, added to the gradient as ``weight_decay * param``.
         maximize: maximize the objective instead of minimizing it.
@@ -118,7 +118,7 @@ class Adamax(Optimizer):
         self,
         params: ParamsT,
         lr: float | Tensor = 2e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
+        betas: tuple[float | Tensor, float | Tensor] | Tensor = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0,
         foreach: bool | None = None,

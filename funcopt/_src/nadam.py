@@ -121,7 +121,7 @@ NADAM = Algorithm(
 
 def nadam(
     lr: float | Tensor = 2e-3,
-    betas: tuple[float | Tensor, float | Tensor] = (0.9, 0.999),
+    betas: tuple[float | Tensor, float | Tensor] | Tensor = (0.9, 0.999),
     eps: float | Tensor = 1e-8,
     weight_decay: float | Tensor = 0.0,
     momentum_decay: float | Tensor = 4e-3,
@@ -134,7 +134,7 @@ def nadam(
 
     Args:
         lr: learning rate.
-        betas: decay rates of the first and second moment averages.
+        betas: decay rates of the first and second moment averages, or one tensor of the two.
         eps: added to the denominator for numerical stability.
         weight_decay: L2 penalty (or decoupled decay, see below).
         momentum_decay: the momentum schedule's decay :math:`\\psi`.
@@ -177,7 +177,7 @@ class NAdam(Optimizer):
         self,
         params: ParamsT,
         lr: float | Tensor = 2e-3,
-        betas: tuple[float | Tensor, float | Tensor] = (0.9, 0.999),
+        betas: tuple[float | Tensor, float | Tensor] | Tensor = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0,
         momentum_decay: float = 4e-3,
