@@ -263,25 +263,19 @@ class Optimizer(torch.optim.Optimizer):
             _check_capturable(params)
         hyperparams = self._hyperparams(group)
         algorithm = self._transform if isinstance(self._transform, Algorithm) else None
+        if algorithm is None:
+            self._step_functional(self._make_transform(hyperparams), params, grads, states)
+            return
+        hyperparams = normalize(hyperparams, algorithm.pairs)
         if (  # the fast path; else pure and traceable (capturable, differentiable, compiled)
-            algorithm is not None
-            and not group.get("capturable")
+            not group.get("capturable")
             and not self.defaults.get("differentiable")
             and not torch.compiler.is_compiling()
         ):
-            hyperparams = {k: _to_python(v) for k, v in normalize(hyperparams, algorithm.pairs).items()}
+            hyperparams = {k: _to_python(v) for k, v in hyperparams.items()}
             _step_in_place(algorithm, hyperparams, params, grads, states)
-        elif algorithm is not None:
-            _step_pure(
-                algorithm,
-                normalize(hyperparams, algorithm.pairs),
-                params,
-                grads,
-                states,
-                bool(group.get("capturable")),
-            )
         else:
-            self._step_functional(self._make_transform(hyperparams), params, grads, states)
+            _step_pure(algorithm, hyperparams, params, grads, states, bool(group.get("capturable")))
 
     def _step_functional(
         self,

@@ -160,16 +160,13 @@ class Algorithm:
     # so the adapters may concatenate small tensors and step them together.
     per_element: bool = True
     fields: tuple[str, ...] = field(init=False)
+    pairs: tuple[str, ...] = field(init=False)  # the hyperparameters that are pairs (betas)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fields", tuple(self.state._fields))
+        object.__setattr__(self, "pairs", tuple({b.key: None for b in self.bounds if b.index is not None}))
         # a saved state loads with torch.load's default weights_only=True
         torch.serialization.add_safe_globals([self.state])
-
-    @property
-    def pairs(self) -> tuple[str, ...]:
-        """The hyperparameters that are pairs (betas)."""
-        return tuple({b.key: None for b in self.bounds if b.index is not None})
 
     # -- checks ---------------------------------------------------------------
 
