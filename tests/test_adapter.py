@@ -617,6 +617,23 @@ def test_adagrad_fused_flag():
     assert sd0["state"][0]["step"].dtype == torch.float32
 
 
+def test_adagrad_fused_steps_as_torchs_default_step():
+    """fused=True gives torch's default step bit for bit, also for a transposed param
+    whose gradient, set by hand, is contiguous (torch 2.13's fused CPU kernel pairs the
+    elements of such a param and gradient wrongly)."""
+
+    def scenario(cls, **flags):
+        g = torch.Generator().manual_seed(0)
+        p = torch.nn.Parameter(torch.randn(4, 100, generator=g).t())
+        opt = cls([p], lr=0.1, weight_decay=0.1, **flags)
+        for _ in range(3):
+            p.grad = torch.randn(p.shape, generator=g)  # contiguous, unlike p
+            opt.step()
+        return p.detach(), opt.state_dict()["state"]
+
+    assert_same(scenario(fo.Adagrad, fused=True), scenario(torch.optim.Adagrad))
+
+
 @needs_lazy_adagrad
 def test_adagrad_initial_accumulator_comes_from_defaults():
     """torch quirk: a group's own initial_accumulator_value is ignored."""
