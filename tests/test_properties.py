@@ -6,10 +6,14 @@ lr=0.34375, betas=(0.25, 0.0), eps=1.19e-7, weight_decay=0.125, two steps."""
 
 from __future__ import annotations
 
+import copy
+
 import torch
-from helpers import ALGORITHMS, assert_matches_torch
+from helpers import ALGORITHMS, assert_matches_torch, assert_same, fo_cls, torch_cls
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+
+from funcopt._src import inplace
 
 unit = st.floats(0.0, 0.99)
 positive = st.floats(1e-4, 0.5)
@@ -89,3 +93,102 @@ def test_random_configurations_match_torch(case):
     # shows beyond assert_close's float32 default; torch's own table is checked at default
     # tolerance in test_torch_parity.py.
     assert_matches_torch(name, kwargs, base, grad_steps, rtol=1e-5, atol=1e-5)
+
+
+# Sizes on both sides of the CPU step's thresholds: tiny params join chunks, large ones
+# run in segments (see inplace.py).
+SIZES = [0, 1, 7, inplace.TINY - 1, inplace.TINY, inplace.TINY + 1, 70_000, inplace.SEGMENT + 4]
+
+
+def layout(size, kind, dtype, gen):
+    """A param of `size` elements, contiguous, transposed or strided."""
+    if kind == "transposed" and size % 4 == 0:
+        return torch.randn(4, size // 4, generator=gen, dtype=dtype).t()
+    if kind == "strided":
+        return torch.randn(size, 2, generator=gen, dtype=dtype)[:, 0]
+    return torch.randn(size, generator=gen, dtype=dtype)
+
+
+@st.composite
+def adapter_cases(draw):
+    name = draw(st.sampled_from(ALGORITHMS))
+    groups = draw(st.lists(HYPERPARAMETERS[name], min_size=1, max_size=3))
+    params = draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from(SIZES),
+                st.sampled_from(["contiguous", "transposed", "strided"]),
+                st.sampled_from([torch.float32, torch.float64]),
+                st.integers(0, len(groups) - 1),
+            ),
+            min_size=1,
+            max_size=6,
+        )
+    )
+    steps = draw(st.integers(2, 5))
+    # per step and param: a contiguous gradient, one laid out as its param, a strided one,
+    # or None
+    kinds = st.sampled_from(["contiguous", "like", "strided", None])
+    grads = draw(st.lists(st.lists(kinds, min_size=6, max_size=6),
+                          min_size=steps, max_size=steps))  # fmt: skip
+    reload_after = draw(st.integers(0, steps - 1))
+    foreach = draw(st.sampled_from([None, False, True]))
+    return name, groups, params, grads, reload_after, foreach, draw(st.integers(0, 2**16))
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(adapter_cases())
+@example(  # gradients of other strides than their params, in segments and in chunks
+    (
+        "Adamax",
+        [{"lr": 0.01, "weight_decay": 0.1}, {"lr": 0.1, "betas": (0.5, 0.9)}],
+        [
+            (inplace.SEGMENT + 4, "contiguous", torch.float32, 0),
+            (64, "transposed", torch.float32, 1),
+            (7, "contiguous", torch.float64, 0),
+        ],
+        [["strided", "contiguous", "strided"], ["like", None, "contiguous"]],
+        0,
+        None,
+        0,
+    )
+)
+def test_adapter_layouts_groups_and_reloads_match_torch_bit_for_bit(case):
+    """The torch classes, on params of every size class, layout and dtype, in several
+    groups, with gradients of any layout or None, and a state_dict reload midway, give
+    torch's default step bit for bit (foreach or not)."""
+    name, groups, specs, grads, reload_after, foreach, seed = case
+    gen = torch.Generator().manual_seed(seed)
+    base = [layout(size, kind, dtype, gen) for size, kind, dtype, _ in specs]
+
+    def build(cls, params, **flags):
+        return cls(
+            [
+                {"params": [p for p, s in zip(params, specs) if s[3] == i], **kw}
+                for i, kw in enumerate(groups)
+            ],
+            **flags,
+        )
+
+    ours, theirs = ([b.clone().requires_grad_() for b in base] for _ in range(2))
+    opt, ref = build(fo_cls(name), ours, foreach=foreach), build(torch_cls(name), theirs, foreach=False)
+    for step, kinds in enumerate(grads):
+        for p, q, kind in zip(ours, theirs, kinds):
+            g = None if kind is None else torch.randn(p.shape, generator=gen, dtype=p.dtype)
+            if kind == "like":
+                g = torch.empty_like(p).copy_(g)
+            elif kind == "strided":
+                g = torch.stack([g, g], -1)[..., 0]
+            p.grad, q.grad = g, None if g is None else g.clone()
+        opt.step()
+        ref.step()
+        if step == reload_after:  # loading casts state as torch does: reload both
+            saved, saved_ref = copy.deepcopy(opt.state_dict()), copy.deepcopy(ref.state_dict())
+            opt, ref = (
+                build(fo_cls(name), ours, foreach=foreach),
+                build(torch_cls(name), theirs, foreach=False),
+            )
+            opt.load_state_dict(saved)
+            ref.load_state_dict(saved_ref)
+    assert_same(ours, theirs, rtol=0, atol=0)
+    assert_same(opt.state_dict()["state"], ref.state_dict()["state"], rtol=0, atol=0)
