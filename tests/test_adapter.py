@@ -208,6 +208,29 @@ def test_closure(name):
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("foreach", [False, True])
+def test_a_param_listed_twice_steps_twice(name, foreach):
+    """A group that lists a param more than once (deprecated, torch warns) steps it once
+    per listing, as torch's default step does, bit for bit; eagerly and compiled."""
+
+    def scenario(cls, compiled=False):
+        p, q = torch.nn.Parameter(torch.linspace(-1, 1, 5)), torch.nn.Parameter(torch.linspace(0, 1, 3))
+        with pytest.warns(UserWarning, match="duplicate parameters"):
+            opt = cls([p, q, p, p], lr=0.1, foreach=foreach if cls is fo_cls(name) else False)
+        step = torch.compile(opt.step, fullgraph=True) if compiled else opt.step
+        for i in range(3):
+            p.grad, q.grad = torch.full((5,), i - 0.5), torch.ones(3)
+            step()
+        return p.detach(), q.detach(), dict(opt.state[p]), dict(opt.state[q])
+
+    expected = scenario(torch_cls(name))
+    assert expected[2]["step"] == 9
+    assert_same(scenario(fo_cls(name)), expected, rtol=0, atol=0)
+    if not foreach:  # compiled: within round-off, as any compiled step
+        assert_same(scenario(fo_cls(name), compiled=True), expected)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
 def test_named_parameters(name):
     def scenario(cls):
         m = model()

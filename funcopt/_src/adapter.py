@@ -198,8 +198,10 @@ class Optimizer(torch.optim.Optimizer):
             for group in self.param_groups:
                 params: list[Tensor] = []
                 grads: list[Tensor] = []
-                self._init_group(group, params, grads)
-                if params:
+                if self._init_group(group, params, grads):
+                    for listing in _listings(params, grads):
+                        self._step_group(group, *listing)
+                elif params:
                     self._step_group(group, params, grads)
         return loss
 
@@ -210,12 +212,12 @@ class Optimizer(torch.optim.Optimizer):
     # once a scheduler is attached. step carries the mark; `_init_group` records the call.
     step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
 
-    def _init_group(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> None:
+    def _init_group(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> bool:
         """Collect a group's params that have a gradient, and their gradients, and
-        create their state where it is missing. torch.compile runs a method of this
-        name eagerly while it traces a step (as for torch.optim's classes), so the
-        first compiled step already sees the state and a second step does not
-        recompile.
+        create their state where it is missing. Returns whether a param is listed more
+        than once (see `_listings`). torch.compile runs a method of this name eagerly
+        while it traces a step (as for torch.optim's classes), so the first compiled step
+        already sees the state and a second step does not recompile.
 
         It also records that step was called, for an LR scheduler (see `step`): here, not
         in step, because torch.compile drops a traced step's writes to the optimizer's
@@ -227,6 +229,7 @@ class Optimizer(torch.optim.Optimizer):
                 grads.append(p.grad)
                 if not self.state[p]:
                     self.state[p].update(self._new_state(p, group))
+        return len({id(p) for p in params}) != len(params)
 
     @staticmethod
     def _on_device(group: dict[str, Any]) -> bool:
@@ -302,6 +305,22 @@ class Optimizer(torch.optim.Optimizer):
             for (name, per_param, _), leaf in zip(slots, new_leaves)
         ]
         _write_back(params, states, columns, [updates[key] for key in keys])
+
+
+def _listings(params: list[Tensor], grads: list[Tensor]) -> list[tuple[list[Tensor], list[Tensor]]]:
+    """A group that lists a param more than once (torch warns that this is deprecated)
+    steps as torch's default step does: that param once per listing, one after another.
+    Its k-th listing steps in the k-th of these lists of (params, grads), which step in
+    turn; params step independently, so their order within a list does not matter."""
+    listings: list[tuple[list[Tensor], list[Tensor]]] = []
+    seen: dict[int, int] = {}
+    for p, g in zip(params, grads):
+        k = seen[id(p)] = seen.get(id(p), -1) + 1
+        if k == len(listings):
+            listings.append(([], []))
+        listings[k][0].append(p)
+        listings[k][1].append(g)
+    return listings
 
 
 def _step_in_place(
