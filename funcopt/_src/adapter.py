@@ -311,7 +311,9 @@ def _listings(params: list[Tensor], grads: list[Tensor]) -> list[tuple[list[Tens
     """A group that lists a param more than once (torch warns that this is deprecated)
     steps as torch's default step does: that param once per listing, one after another.
     Its k-th listing steps in the k-th of these lists of (params, grads), which step in
-    turn; params step independently, so their order within a list does not matter."""
+    turn. An algorithm steps each param by itself, so the order of the others does not
+    matter (a transformation that reads all params, such as a global-norm clip, sees
+    each list apart)."""
     listings: list[tuple[list[Tensor], list[Tensor]]] = []
     seen: dict[int, int] = {}
     for p, g in zip(params, grads):
