@@ -10,6 +10,7 @@ from torch.testing._internal.common_optimizers import (
     _get_optim_inputs_including_global_cliquey_kwargs,
     optim_db,
 )
+from torch.testing._internal.common_utils import set_default_dtype as set_default_dtype  # for the tests
 
 import funcopt as fo
 

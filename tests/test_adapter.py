@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 import torch
-from helpers import ALGORITHMS, assert_same, fo_cls, make, optim_inputs, torch_cls
+from helpers import ALGORITHMS, assert_same, fo_cls, make, optim_inputs, set_default_dtype, torch_cls
 from torch.optim import lr_scheduler
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
@@ -498,9 +498,7 @@ def test_hyperparameters_read_every_step(name):
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_default_dtype_float64(name):
     """Under set_default_dtype(float64) counters are float64, as in torch."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
+    with set_default_dtype(torch.float64):
 
         def scenario(cls):
             m = model(torch.float64)
@@ -509,8 +507,6 @@ def test_default_dtype_float64(name):
 
         _, sd = twin(name, scenario)
         assert sd["state"][0]["step"].dtype == torch.float64
-    finally:
-        torch.set_default_dtype(old)
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
@@ -606,9 +602,7 @@ def test_differentiable_steps_give_the_hypergradient_of_a_tensor_lr(name):
     here (a tensor `alpha`/`value`, or an in-place write autograd needs). The loss saves
     no param for its backward: the steps write into the param in place, which such a
     loss would see (docs/recipes.md, Hypergradients)."""
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)  # float64 counters, as the functional path's
-    try:
+    with set_default_dtype(torch.float64):  # float64 counters, as the functional path's
         torch.manual_seed(0)
         w0, x = torch.randn(5, 3, requires_grad=True), torch.randn(8, 5)
         lr = torch.tensor(0.05, requires_grad=True)
@@ -631,8 +625,6 @@ def test_differentiable_steps_give_the_hypergradient_of_a_tensor_lr(name):
         expected = (functional(lr, w0), *torch.func.grad(functional, argnums=(0, 1))(lr, w0.detach()))
         assert_same(ours, expected)
         assert ours[1].abs() > 0
-    finally:
-        torch.set_default_dtype(default)
 
 
 def _sparse_grad(i, n=6):
@@ -739,9 +731,7 @@ def test_compiled_step_matches_torch_eager(name, default_dtype, first_compiled):
 
     def scenario(cls):
         torch._dynamo.reset()
-        old = torch.get_default_dtype()
-        torch.set_default_dtype(default_dtype)
-        try:
+        with set_default_dtype(default_dtype):
             m = model()
             scalar = torch.nn.Parameter(torch.tensor(0.5))  # a 0-d param, 0-d state
             opt = cls([*m.parameters(), scalar], lr=0.1)
@@ -758,7 +748,5 @@ def test_compiled_step_matches_torch_eager(name, default_dtype, first_compiled):
                 with torch._dynamo.config.patch(error_on_recompile=i > first_compiled):
                     (compiled if i >= first_compiled else opt.step)()
             return [p.detach() for p in m.parameters()], scalar.detach(), opt.state_dict()["state"]
-        finally:
-            torch.set_default_dtype(old)
 
     twin(name, scenario, rtol=1e-5, atol=1e-6)

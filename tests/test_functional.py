@@ -9,7 +9,17 @@ from typing import NamedTuple
 import optree
 import pytest
 import torch
-from helpers import ALGORITHMS, HYPER, assert_same, factory, kwargs_of, make, run, torch_cls
+from helpers import (
+    ALGORITHMS,
+    HYPER,
+    assert_same,
+    factory,
+    kwargs_of,
+    make,
+    run,
+    set_default_dtype,
+    torch_cls,
+)
 
 import funcopt as fo
 from funcopt._src import inplace
@@ -127,12 +137,8 @@ def test_counters_are_float64_for_float64_params(name):
 def test_counter_dtype_does_not_promote(name):
     """A float64 step counter (default dtype float64 at init) does not promote float32."""
     params, grads = params_and_grads()
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
+    with set_default_dtype(torch.float64):
         state = factory(name)().init(params)
-    finally:
-        torch.set_default_dtype(old)
     assert state.step["w"].dtype == torch.float64
     updates, new_state = factory(name)().update(grads[0], state, params)
     assert updates["w"].dtype == torch.float32

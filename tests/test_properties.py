@@ -101,7 +101,8 @@ SIZES = [0, 1, 7, inplace.TINY - 1, inplace.TINY, inplace.TINY + 1, 70_000, inpl
 
 
 def layout(size, kind, dtype, gen):
-    """A param of `size` elements, contiguous, transposed or strided."""
+    """A param of `size` elements, contiguous, transposed (where 4 divides `size`, else
+    contiguous) or strided."""
     if kind == "transposed" and size % 4 == 0:
         return torch.randn(4, size // 4, generator=gen, dtype=dtype).t()
     if kind == "strided":
