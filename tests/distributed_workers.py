@@ -87,6 +87,53 @@ def ddp(rank: int, world: int, port: int, algorithms: list[str]) -> None:
     teardown()
 
 
+def zero(rank: int, world: int, port: int, algorithms: list[str]) -> None:
+    """funcopt.X as ZeroRedundancyOptimizer's ``optimizer_class`` (each rank keeps the
+    state of its share of the params) = torch.optim.X there. The consolidated state_dict
+    equals torch's, and a run resumed from it in the other library's ZeRO goes on as the
+    uninterrupted run."""
+    setup(rank, world, port)
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    libraries = {"torch": torch.optim, "funcopt": fo}
+    batches = local_half(global_batches(6), rank, world)
+    for name in algorithms:
+        for config in CONFIGS:
+            runs, saved = {}, {}
+            for label, library in libraries.items():
+                model = DDP(make_model())
+                optimizer = ZeroRedundancyOptimizer(
+                    model.parameters(), optimizer_class=getattr(library, name), lr=0.05, **config
+                )
+                train(model, optimizer, batches[:3])
+                optimizer.consolidate_state_dict(to=0)
+                # copied: a state_dict holds the live state tensors, which training goes on to change
+                full = [copy.deepcopy(optimizer.state_dict()) if rank == 0 else None]
+                dist.broadcast_object_list(full, src=0)
+                saved[label] = (copy.deepcopy(model.module.state_dict()), full[0])
+                train(model, optimizer, batches[3:])
+                runs[label] = list(model.module.parameters())
+            assert_params_close(runs["funcopt"], runs["torch"])
+            for i, theirs in saved["torch"][1]["state"].items():
+                ours = saved["funcopt"][1]["state"][i]
+                assert ours.keys() == theirs.keys()
+                for key in ours:
+                    torch.testing.assert_close(ours[key], theirs[key], **TOL)
+            for label, library in libraries.items():  # resumed from the other's checkpoint
+                model_state, optimizer_state = saved["funcopt" if label == "torch" else "torch"]
+                model = make_model()
+                model.load_state_dict(model_state)
+                model = DDP(model)
+                optimizer = ZeroRedundancyOptimizer(
+                    model.parameters(), optimizer_class=getattr(library, name), lr=0.05, **config
+                )
+                optimizer.load_state_dict(copy.deepcopy(optimizer_state))  # ZeRO keeps its tensors
+                train(model, optimizer, batches[3:])
+                assert_params_close(list(model.module.parameters()), runs[label])
+    teardown()
+
+
 # -- FSDP2 ------------------------------------------------------------------------
 
 

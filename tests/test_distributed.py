@@ -1,4 +1,4 @@
-"""torch.distributed: DDP, FSDP2 (DTensor params), the functional API on DTensors, and
+"""torch.distributed: DDP, ZeroRedundancyOptimizer, FSDP2 (DTensor params), the functional API on DTensors, and
 torch.distributed.checkpoint. Each test starts 2 CPU processes with the gloo backend on
 127.0.0.1 (a free port); collectives time out after 60 s, so a hang cannot outlast that.
 The scenarios themselves are in distributed_workers.py."""
@@ -36,6 +36,10 @@ def spawn(fn, *args) -> None:
 
 def test_ddp_matches_torch_and_single_process():
     spawn(workers.ddp)
+
+
+def test_zero_redundancy_optimizer_matches_torch():
+    spawn(workers.zero)
 
 
 def test_fsdp2_matches_torch_with_sharded_state():
