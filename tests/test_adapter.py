@@ -686,6 +686,29 @@ def test_adagrad_fused_steps_as_torchs_default_step():
     assert_same(scenario(fo.Adagrad, fused=True), scenario(torch.optim.Adagrad), rtol=0, atol=0)
 
 
+def test_adagrad_fused_rejects_params_on_meta_as_torch():
+    """torch's test_fused_error_on_params_on_meta: a fused step of params on the meta
+    device raises torch's error, with its list of devices; once the model is moved to
+    a supported device, the step runs."""
+
+    def scenario(cls):
+        with torch.device("meta"):
+            m = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Sigmoid(), torch.nn.Linear(3, 1))
+        opt = cls(m.parameters(), fused=True)
+        for p in m.parameters():
+            p.grad = torch.rand_like(p)
+        with pytest.raises(RuntimeError) as error:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        m.to_empty(device="cpu")
+        for p in m.parameters():
+            p.grad = torch.ones_like(p)
+        opt.step()
+        return str(error.value)
+
+    assert "`fused=True` requires all the params to be floating point Tensors" in twin("Adagrad", scenario)
+
+
 @needs_lazy_adagrad
 def test_adagrad_initial_accumulator_comes_from_defaults():
     """torch quirk: a group's own initial_accumulator_value is ignored."""

@@ -31,7 +31,7 @@ from typing import Any
 import optree
 import torch
 from torch import Tensor
-from torch.optim.optimizer import ParamsT
+from torch.optim.optimizer import ParamsT, _device_dtype_check_for_fused
 
 from . import inplace
 from .algorithm import Algorithm, Hyperparams, normalize, scalar_dtype
@@ -450,11 +450,7 @@ def _local_shards(p: Tensor, g: Tensor, buffers: list[Tensor]) -> tuple[Tensor, 
 
 
 def _check_fused(p: Tensor, g: Tensor) -> None:
-    if not (p.device.type in ("cpu", "cuda", "xpu", "mps") and torch.is_floating_point(p)):
-        raise RuntimeError(
-            "`fused=True` requires all the params to be floating point Tensors of "
-            f"supported devices but {p.dtype} and {p.device.type}"
-        )
+    _device_dtype_check_for_fused(p)  # torch's own check and message (its list of devices)
     if g.is_sparse:
         raise RuntimeError("`fused` does not support sparse grad or complex param")
 
