@@ -686,6 +686,56 @@ def test_adagrad_fused_steps_as_torchs_default_step():
     assert_same(scenario(fo.Adagrad, fused=True), scenario(torch.optim.Adagrad), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_grad_scaler(name):
+    """torch.amp.GradScaler drives the step as with torch's class: a step whose scaled
+    gradients overflow is skipped and the scale lowered. Adagrad's fused=True takes the
+    scale and the inf flag itself (``_step_supports_amp_scaling``, as torch's fused
+    class): it is called on that step too, and unscales the gradients in place."""
+    flags = {"fused": True} if name == "Adagrad" else {}
+
+    def scenario(cls):
+        torch.manual_seed(0)
+        m = torch.nn.Linear(4, 3)
+        opt = cls(m.parameters(), lr=0.1, **flags)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        steps = []
+        opt.register_step_post_hook(lambda *_: steps.append(1))
+        for i in range(4):
+            opt.zero_grad()
+            loss = m(torch.randn(2, 4)).square().sum()
+            scaler.scale(loss * (float("inf") if i == 1 else 1.0)).backward()
+            scaler.step(opt)
+            scaler.update()
+        grads = [p.grad.clone() for p in m.parameters()]
+        return (
+            [p.detach() for p in m.parameters()],
+            opt.state_dict()["state"],
+            grads,
+            len(steps),
+            scaler.get_scale(),
+        )
+
+    *_, hooks, scale = twin(name, scenario)
+    assert scale == 2.0**9 and hooks == (4 if flags else 3)
+
+
+def test_adagrad_fused_does_not_step_if_found_inf():
+    """torch's test_fused_does_not_step_if_foundinf: with ``found_inf`` set (as a
+    GradScaler sets it), a fused step leaves params, state and gradients as they were."""
+    for grad_scale in (None, torch.ones(1)):
+        params = [torch.ones(1, requires_grad=True) for _ in range(5)]
+        for p in params:
+            p.grad = torch.ones_like(p)
+        opt = fo.Adagrad(params, fused=True)
+        opt.grad_scale, opt.found_inf = grad_scale, torch.ones(())
+        opt.step()
+        for p in params:
+            assert_same(
+                (p.detach(), p.grad, opt.state[p]["step"]), (torch.ones(1), torch.ones(1), torch.zeros(()))
+            )
+
+
 def test_adagrad_fused_rejects_params_on_meta_as_torch():
     """torch's test_fused_error_on_params_on_meta: a fused step of params on the meta
     device raises torch's error, with its list of devices; once the model is moved to

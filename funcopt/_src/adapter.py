@@ -103,6 +103,9 @@ class Optimizer(torch.optim.Optimizer):
                 raise RuntimeError("`fused` does not support `differentiable`")
             if defaults.get("foreach"):
                 raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
+            # as torch's fused classes: a GradScaler hands the step its scale and inf flag
+            # (see `_fused_step_runs`) instead of unscaling the gradients itself
+            self._step_supports_amp_scaling = True
         if isinstance(transform, Algorithm) and transform.eager_state:
             for group in self.param_groups:
                 for p in group["params"]:
@@ -262,6 +265,8 @@ class Optimizer(torch.optim.Optimizer):
         if group.get("fused"):
             for p, g in zip(params, grads):
                 _check_fused(p, g)
+            if not self._fused_step_runs(grads):
+                return
         if group.get("capturable") and not torch.compiler.is_compiling():
             _check_capturable(params)
         hyperparams = self._hyperparams(group)
@@ -279,6 +284,20 @@ class Optimizer(torch.optim.Optimizer):
             _step_in_place(algorithm, hyperparams, params, grads, states)
         else:
             _step_pure(algorithm, hyperparams, params, grads, states, bool(group.get("capturable")))
+
+    def _fused_step_runs(self, grads: list[Tensor]) -> bool:
+        """A GradScaler sets ``found_inf`` and ``grad_scale`` on an optimizer whose step
+        supports AMP scaling, around its step. As torch's fused step does, a step that
+        found an inf or NaN changes nothing (the scaler then lowers its scale); else the
+        gradients are unscaled in place, then step."""
+        found_inf = getattr(self, "found_inf", None)
+        if found_inf is not None and found_inf.item():
+            return False
+        grad_scale = getattr(self, "grad_scale", None)
+        if grad_scale is not None:
+            for g in grads:
+                g.div_(grad_scale.to(g.device))
+        return True
 
     def _step_functional(
         self,
