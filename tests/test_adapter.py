@@ -720,6 +720,27 @@ def test_grad_scaler(name):
     assert scale == 2.0**9 and hooks == (4 if flags else 3)
 
 
+def test_grad_scaler_unscales_every_group_once():
+    """A group that turns fused off steps unscaled gradients too (torch's class fails
+    there), each gradient unscaled once: as torch's unfused class with the scaler's
+    own unscaling."""
+
+    def scenario(cls, fused):
+        torch.manual_seed(0)
+        m = torch.nn.Linear(4, 3)
+        groups = [{"params": [m.weight]}, {"params": [m.bias], "fused": None if fused else False}]
+        opt = cls(groups, lr=0.1, **({"fused": True} if fused else {}))
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        for _ in range(3):
+            opt.zero_grad()
+            scaler.scale(m(torch.randn(2, 4)).square().sum()).backward()
+            scaler.step(opt)
+            scaler.update()
+        return [p.detach() for p in m.parameters()], opt.state_dict()["state"]  # sums of unscaled squares
+
+    assert_same(scenario(fo.Adagrad, fused=True), scenario(torch.optim.Adagrad, fused=False))
+
+
 def test_adagrad_fused_does_not_step_if_found_inf():
     """torch's test_fused_does_not_step_if_foundinf: with ``found_inf`` set (as a
     GradScaler sets it), a fused step leaves params, state and gradients as they were."""

@@ -104,7 +104,7 @@ class Optimizer(torch.optim.Optimizer):
             if defaults.get("foreach"):
                 raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
             # as torch's fused classes: a GradScaler hands the step its scale and inf flag
-            # (see `_fused_step_runs`) instead of unscaling the gradients itself
+            # (see `_unscale_for_amp`) instead of unscaling the gradients itself
             self._step_supports_amp_scaling = True
         if isinstance(transform, Algorithm) and transform.eager_state:
             for group in self.param_groups:
@@ -198,10 +198,14 @@ class Optimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         with torch.set_grad_enabled(bool(self.defaults.get("differentiable", False))):
+            runs = self._unscale_for_amp()
             for group in self.param_groups:
                 params: list[Tensor] = []
                 grads: list[Tensor] = []
-                if self._init_group(group, params, grads):
+                listed_twice = self._init_group(group, params, grads)  # creates missing state
+                if not runs:
+                    continue
+                if listed_twice:
                     for listing in _listings(params, grads):
                         self._step_group(group, *listing)
                 elif params:
@@ -214,6 +218,22 @@ class Optimizer(torch.optim.Optimizer):
     # on its skip list), so ``torch.compile(optimizer.step, fullgraph=True)`` would fail
     # once a scheduler is attached. step carries the mark; `_init_group` records the call.
     step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+
+    def _unscale_for_amp(self) -> bool:
+        """A GradScaler sets ``found_inf`` and ``grad_scale`` on an optimizer whose step
+        supports AMP scaling (``fused=True``, as torch's fused classes), around its step.
+        As torch's fused step does, a step that found an inf or NaN changes no param
+        (the scaler then lowers its scale); else the gradients are unscaled in place
+        (each once, for every group), then step. Returns whether to step."""
+        found_inf = getattr(self, "found_inf", None)
+        if found_inf is not None and found_inf.item():
+            return False
+        grad_scale = getattr(self, "grad_scale", None)
+        if grad_scale is not None:
+            grads = {id(p.grad): p.grad for g in self.param_groups for p in g["params"] if p.grad is not None}
+            for grad in grads.values():
+                grad.div_(grad_scale.to(grad.device))
+        return True
 
     def _init_group(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> bool:
         """Collect a group's params that have a gradient, and their gradients, and
@@ -265,8 +285,6 @@ class Optimizer(torch.optim.Optimizer):
         if group.get("fused"):
             for p, g in zip(params, grads):
                 _check_fused(p, g)
-            if not self._fused_step_runs(grads):
-                return
         if group.get("capturable") and not torch.compiler.is_compiling():
             _check_capturable(params)
         hyperparams = self._hyperparams(group)
@@ -284,20 +302,6 @@ class Optimizer(torch.optim.Optimizer):
             _step_in_place(algorithm, hyperparams, params, grads, states)
         else:
             _step_pure(algorithm, hyperparams, params, grads, states, bool(group.get("capturable")))
-
-    def _fused_step_runs(self, grads: list[Tensor]) -> bool:
-        """A GradScaler sets ``found_inf`` and ``grad_scale`` on an optimizer whose step
-        supports AMP scaling, around its step. As torch's fused step does, a step that
-        found an inf or NaN changes nothing (the scaler then lowers its scale); else the
-        gradients are unscaled in place, then step."""
-        found_inf = getattr(self, "found_inf", None)
-        if found_inf is not None and found_inf.item():
-            return False
-        grad_scale = getattr(self, "grad_scale", None)
-        if grad_scale is not None:
-            for g in grads:
-                g.div_(grad_scale.to(g.device))
-        return True
 
     def _step_functional(
         self,
