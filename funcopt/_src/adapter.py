@@ -320,8 +320,9 @@ class Optimizer(torch.optim.Optimizer):
             ]
         except KeyError as e:
             raise _missing_entry(e) from None
+        read_params, leaves = _copies_for_autograd((params, leaves))
         state = treedef.unflatten(leaves)
-        updates, new_state = transform.update(dict(zip(keys, grads)), state, dict(zip(keys, params)))
+        updates, new_state = transform.update(dict(zip(keys, grads)), state, dict(zip(keys, read_params)))
         new_leaves = treedef.flatten_up_to(new_state)
         columns = [
             (name, [leaf[key] for key in keys] if per_param else [leaf] * len(keys))
@@ -428,8 +429,9 @@ def _step_pure(
         columns = [[state[name] for state in states] for name in algorithm.fields]
     except KeyError as e:
         raise _missing_entry(e) from None
+    read_params, read_columns = _copies_for_autograd((params, columns))
     updates, new_columns = algorithm.update_leaves(
-        hyperparams, params, grads, columns, capturable, written_back=True
+        hyperparams, read_params, grads, read_columns, capturable, written_back=True
     )
     # the state's tensors are those the update read, shaped as its results: written in place
     for olds, news in zip(columns, new_columns):
@@ -437,6 +439,18 @@ def _step_pure(
             if new is not old:
                 _copy_into(old, new)
     _add_updates(params, updates)
+
+
+def _copies_for_autograd(tree: Any) -> Any:
+    """What a pure step reads: the params and the state's tensors themselves, or copies
+    where autograd records (a differentiable step). Autograd may save what the update
+    reads (a weight_decay or betas that requires grad multiplies the params or the
+    state), and the step then writes new values into the params and the state: a saved
+    tensor written in place would fail the backward pass. torch's differentiable steps
+    clone the param for a tensor weight_decay likewise."""
+    if not torch.is_grad_enabled():
+        return tree
+    return optree.tree_map(lambda x: x.clone() if isinstance(x, Tensor) else x, tree, none_is_leaf=True)
 
 
 def _write_back(
