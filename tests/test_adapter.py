@@ -785,6 +785,28 @@ def test_adagrad_fused_rejects_params_on_meta_as_torch():
     assert "`fused=True` requires all the params to be floating point Tensors" in twin("Adagrad", scenario)
 
 
+def test_adagrad_share_memory():
+    """share_memory() puts the sums in shared memory, as torch's Adagrad does, and steps
+    (small params in chunks, large ones in segments) write into them in place, so
+    Hogwild processes sharing the optimizer see each other's updates."""
+    from funcopt._src import inplace
+
+    def scenario(cls):
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(n)) for n in (3, 16, inplace.SEGMENT + 5)]
+        opt = cls(params, lr=0.1)
+        opt.share_memory()
+        sums = [opt.state[p]["sum"] for p in params]
+        for _ in range(2):
+            for p in params:
+                p.grad = torch.randn_like(p)
+            opt.step()
+        assert all(opt.state[p]["sum"] is s and s.is_shared() for p, s in zip(params, sums))
+        return [p.detach() for p in params], sums
+
+    twin("Adagrad", scenario)
+
+
 @needs_lazy_adagrad
 def test_adagrad_initial_accumulator_comes_from_defaults():
     """torch quirk: a group's own initial_accumulator_value is ignored."""

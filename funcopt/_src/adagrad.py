@@ -173,3 +173,11 @@ class Adagrad(Optimizer):
             differentiable=differentiable,
             fused=fused,
         )
+
+    def share_memory(self) -> None:
+        """Move the state sums to shared memory (``Tensor.share_memory_``), as torch's
+        Adagrad does, for Hogwild training with ``torch.multiprocessing``: steps write
+        into them in place, so every process sees the others' updates."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["sum"].share_memory_()
