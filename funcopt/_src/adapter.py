@@ -433,7 +433,7 @@ def _step_pure(
     updates, new_columns = algorithm.update_leaves(
         hyperparams, read_params, grads, read_columns, capturable, written_back=True
     )
-    # the state's tensors are those the update read, shaped as its results: written in place
+    # the new values are written into the state's own tensors (shaped as they are), in place
     for olds, news in zip(columns, new_columns):
         for old, new in zip(olds, news):
             if new is not old:
