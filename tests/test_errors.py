@@ -211,6 +211,26 @@ def test_update_with_mismatched_dtypes(name):
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
+def test_update_with_tensors_on_different_devices(name):
+    """A gradient, or a state buffer, on another device than its param raises an error
+    naming the leaf and the devices (torch's own names no tensor); the meta device
+    stands in for a GPU."""
+    params = {"a": torch.randn(3), "b": torch.randn(2)}
+    tx = factory(name)()
+    state = tx.init(params)
+    grads = {"a": torch.randn(3), "b": torch.randn(2, device="meta")}
+    with pytest.raises(
+        ValueError, match=r"leaf 1 are on different devices \(gradient meta, param cpu, \w+ cpu"
+    ):
+        tx.update(grads, state, params)
+    k = next(j for j, field in enumerate(state) if field["a"].dim() > 0)  # a buffer, not a counter
+    buffer = state[k]
+    moved = state._replace(**{state._fields[k]: {"a": buffer["a"].to("meta"), "b": buffer["b"]}})
+    with pytest.raises(ValueError, match=rf"leaf 0 are on different devices \(.*{state._fields[k]} meta"):
+        tx.update({"a": torch.randn(3), "b": torch.randn(2)}, moved, params)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
 def test_leaves_that_are_not_tensors(name):
     tx = factory(name)()
     with pytest.raises(

@@ -258,7 +258,13 @@ class Algorithm:
         )
         g_leaves, columns = leaves[0], leaves[1 : 1 + len(state)]
         p_leaves: list[Any] = [None] * len(g_leaves) if params is None else leaves[-1]
-        updates, new_columns = self.update_leaves(hyperparams, p_leaves, g_leaves, columns)
+        try:
+            updates, new_columns = self.update_leaves(hyperparams, p_leaves, g_leaves, columns)
+        except RuntimeError as error:  # torch's device error names no tensor: name the leaf
+            mixed = self._device_error(p_leaves, g_leaves, columns)
+            if mixed is None:
+                raise
+            raise mixed from error
         return unflatten(updates), self.state(*(unflatten(c) for c in new_columns))
 
     def update_leaves(
@@ -384,6 +390,28 @@ class Algorithm:
             f"({', '.join(f'{name} {show(t)}' for name, t in named if t is not None)}). "
             "Pass the gradients of these params, and a state that init made from them."
         )
+
+    def _device_error(
+        self,
+        p_leaves: Sequence[Tensor | None],
+        g_leaves: Sequence[Tensor | None],
+        columns: Sequence[Sequence[Any]],
+    ) -> ValueError | None:
+        """The error for the first leaf whose gradient, param and state tensors are on
+        different devices (torch's own names no tensor), or None if there is none."""
+        k = len(self.counters)  # counters may live elsewhere: they are read on the host
+        for i, (p, g) in enumerate(zip(p_leaves, g_leaves)):
+            buffers = ((field, column[i]) for field, column in zip(self.fields[k:], columns[k:]))
+            named = [("gradient", g), ("param", p), *buffers]
+            devices = {str(t.device) for _, t in named if isinstance(t, Tensor)}
+            if g is not None and len(devices) > 1:
+                return ValueError(
+                    f"{self.name} update: the tensors of leaf {i} are on different devices ("
+                    + ", ".join(f"{name} {t.device}" for name, t in named if isinstance(t, Tensor))
+                    + "). Put the gradients, params and state on one device: init a state from "
+                    "params already moved, or move a state with optree.tree_map(lambda t: t.to(device), state)."
+                )
+        return None
 
     def _schedule(
         self,
