@@ -148,6 +148,39 @@ def compiled_and_eager_steps(
     return (comp_p, comp_s), (eager_p, eager_s)
 
 
+def hypergradients_both_ways(
+    optimizer: Any, transform: Any, values: dict[str, float], steps: int = 3
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """The loss after `steps` steps of ``optimizer([w], hp)`` (a differentiable=True torch
+    optimizer; each step on a gradient taken with create_graph), and its gradients with
+    respect to each hyperparameter of `hp` (the `values` as float64 tensors that require
+    grad) and to the initial params; then the same through ``fo.inner_loop`` with
+    ``transform(hp)``. The loss saves no param for its backward: the steps write into
+    the param in place, which such a loss would see (docs/recipes.md, Hypergradients)."""
+    with set_default_dtype(torch.float64):  # float64 counters, as the functional path's
+        torch.manual_seed(0)
+        w0, x = torch.randn(5, 3, requires_grad=True), torch.randn(8, 5)
+        hp = {k: torch.tensor(v, requires_grad=True) for k, v in values.items()}
+
+        def loss_fn(params):
+            return (x @ params["w"]).tanh().pow(2).sum()
+
+        w = w0.clone()
+        opt = optimizer([w], hp)
+        for _ in range(steps):
+            (w.grad,) = torch.autograd.grad(loss_fn({"w": w}), w, create_graph=True)
+            opt.step()
+        final = loss_fn({"w": w})
+        ours = (final, *torch.autograd.grad(final, (*hp.values(), w0)))
+
+        def functional(hp, w0):
+            adapted, _, _ = fo.inner_loop(loss_fn, {"w": w0}, transform(hp), [()] * steps)
+            return loss_fn(adapted)
+
+        hypergrads, w0_grad = torch.func.grad(functional, argnums=(0, 1))(hp, w0.detach())
+        return ours, (functional(hp, w0), *hypergrads.values(), w0_grad)
+
+
 def make_params(dtype: torch.dtype, seed: int = 0) -> list[torch.Tensor]:
     """Mixed shapes: a matrix, a non-contiguous matrix, a vector and a 0-d tensor."""
     g = torch.Generator().manual_seed(seed)

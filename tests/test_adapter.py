@@ -16,6 +16,7 @@ from helpers import (
     HYPER,
     assert_same,
     fo_cls,
+    hypergradients_both_ways,
     kwargs_of,
     make,
     optim_inputs,
@@ -607,35 +608,16 @@ def test_differentiable_step_gradcheck(name, kwargs):
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_differentiable_steps_give_the_hypergradients_of_tensor_hyperparameters(name):
     """differentiable=True with every hyperparameter a tensor that requires grad: the
-    loss after three steps (each on a gradient taken with create_graph) is
-    differentiable w.r.t. them and the initial params, and equals the functional inner
-    loop's. torch's own classes fail here (a tensor `alpha`/`value`, or an in-place
-    write to a tensor autograd saved). The loss saves no param for its backward: the
-    steps write into the param in place, which such a loss would see (docs/recipes.md,
-    Hypergradients)."""
-    with set_default_dtype(torch.float64):  # float64 counters, as the functional path's
-        torch.manual_seed(0)
-        w0, x = torch.randn(5, 3, requires_grad=True), torch.randn(8, 5)
-        hp = {k: torch.tensor(v, requires_grad=True) for k, v in HYPER[name].items()}
-
-        def loss_fn(params):
-            return (x @ params["w"]).tanh().pow(2).sum()
-
-        w = w0.clone()
-        opt = fo_cls(name)([w], **kwargs_of(hp), differentiable=True)
-        for _ in range(3):
-            (w.grad,) = torch.autograd.grad(loss_fn({"w": w}), w, create_graph=True)
-            opt.step()
-        final = loss_fn({"w": w})
-        ours = (final, *torch.autograd.grad(final, (*hp.values(), w0)))
-
-        def functional(hp, w0):
-            adapted, _, _ = fo.inner_loop(loss_fn, {"w": w0}, make(name, hp), [()] * 3)
-            return loss_fn(adapted)
-
-        hypergrads, w0_grad = torch.func.grad(functional, argnums=(0, 1))(hp, w0.detach())
-        assert_same(ours, (functional(hp, w0), *hypergrads.values(), w0_grad))
-        assert all(g.abs() > 0 for g in hypergrads.values()), hypergrads
+    loss after three steps is differentiable w.r.t. them and the initial params, and
+    equals the functional inner loop's. torch's own classes fail here (a tensor
+    `alpha`/`value`, or an in-place write to a tensor autograd saved)."""
+    ours, expected = hypergradients_both_ways(
+        lambda params, hp: fo_cls(name)(params, **kwargs_of(hp), differentiable=True),
+        lambda hp: make(name, hp),
+        HYPER[name],
+    )
+    assert_same(ours, expected)
+    assert all(g.abs() > 0 for g in expected[1:-1]), expected
 
 
 def _sparse_grad(i, n=6):
