@@ -8,6 +8,7 @@ torch.optim skips a param whose ``.grad`` is None.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -47,6 +48,11 @@ class EmptyState(NamedTuple):
 
 
 torch.serialization.add_safe_globals([EmptyState])  # loads with torch.load(weights_only=True)
+
+
+def empty_init(params: Params) -> EmptyState:
+    """The `init` of a stateless transformation."""
+    return EmptyState()
 
 
 def flatten_together(
@@ -230,23 +236,32 @@ def chain(*transforms: GradientTransformation) -> GradientTransformation:
     """
     for i, transform in enumerate(transforms):
         check_transformation(transform, f"chain (argument {i})")
+    # module-level functions, not closures, so that a chain pickles (torch.save of an optimizer)
+    return GradientTransformation(
+        functools.partial(_chain_init, transforms), functools.partial(_chain_update, transforms)
+    )
 
-    def init(params: Params) -> State:
-        return tuple(t.init(params) for t in transforms)
 
-    def update(updates: Updates, state: State, params: Params | None = None) -> tuple[Updates, State]:
-        if len(state) != len(transforms):
-            raise ValueError(
-                f"chain of {len(transforms)} transformations got a state of length "
-                f"{len(state)}: pass the state that this chain's init returned"
-            )
-        new_state = []
-        for transform, s in zip(transforms, state):
-            updates, s = transform.update(updates, s, params)
-            new_state.append(s)
-        return updates, tuple(new_state)
+def _chain_init(transforms: tuple[GradientTransformation, ...], params: Params) -> State:
+    return tuple(t.init(params) for t in transforms)
 
-    return GradientTransformation(init, update)
+
+def _chain_update(
+    transforms: tuple[GradientTransformation, ...],
+    updates: Updates,
+    state: State,
+    params: Params | None = None,
+) -> tuple[Updates, State]:
+    if len(state) != len(transforms):
+        raise ValueError(
+            f"chain of {len(transforms)} transformations got a state of length "
+            f"{len(state)}: pass the state that this chain's init returned"
+        )
+    new_state = []
+    for transform, s in zip(transforms, state):
+        updates, s = transform.update(updates, s, params)
+        new_state.append(s)
+    return updates, tuple(new_state)
 
 
 def as_real(t: Tensor) -> Tensor:

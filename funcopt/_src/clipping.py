@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
-from .base import EmptyState, GradientTransformation, Params, State, Updates, flatten_together, real_dtype
+from .base import GradientTransformation, Params, State, Updates, empty_init, flatten_together, real_dtype
 
 
 def clip_by_global_norm(max_norm: float | Tensor) -> GradientTransformation:
@@ -25,19 +27,20 @@ def clip_by_global_norm(max_norm: float | Tensor) -> GradientTransformation:
     if not isinstance(max_norm, Tensor) and not max_norm >= 0:
         raise ValueError(f"max_norm must be non-negative, got {max_norm}")
 
-    def init(params: Params) -> State:
-        return EmptyState()
+    # module-level functions, not closures, so that the transformation pickles
+    return GradientTransformation(empty_init, functools.partial(_clip_update, max_norm))
 
-    def update(updates: Updates, state: State, params: Params | None = None) -> tuple[Updates, State]:
-        (leaves,), unflatten = flatten_together(updates)
-        present = [u for u in leaves if u is not None]
-        if not present:
-            return updates, state
-        device = present[0].device
-        norms = [torch.linalg.vector_norm(u).to(device) for u in present]
-        total = torch.linalg.vector_norm(torch.stack(norms))
-        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        clipped = [None if u is None else u * coef.to(real_dtype(u)) for u in leaves]
-        return unflatten(clipped), state
 
-    return GradientTransformation(init, update)
+def _clip_update(
+    max_norm: float | Tensor, updates: Updates, state: State, params: Params | None = None
+) -> tuple[Updates, State]:
+    (leaves,), unflatten = flatten_together(updates)
+    present = [u for u in leaves if u is not None]
+    if not present:
+        return updates, state
+    device = present[0].device
+    norms = [torch.linalg.vector_norm(u).to(device) for u in present]
+    total = torch.linalg.vector_norm(torch.stack(norms))
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    clipped = [None if u is None else u * coef.to(real_dtype(u)) for u in leaves]
+    return unflatten(clipped), state

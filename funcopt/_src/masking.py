@@ -53,11 +53,11 @@ def _select(tree: Any, flags: Any) -> Any:
     return optree.tree_map(lambda t, f: t if f else None, tree, flags, none_is_leaf=True)
 
 
-def _masked_init(inner: GradientTransformation, params: Params, flags: Any) -> MaskedState:
+def _init_selected(inner: GradientTransformation, params: Params, flags: Any) -> MaskedState:
     return MaskedState(inner.init(_select(params, flags)))
 
 
-def _masked_update(
+def _update_selected(
     inner: GradientTransformation, updates: Updates, state: State, params: Params | None, flags: Any, who: str
 ) -> tuple[Updates, MaskedState]:
     """`inner`'s update of the leaves whose flag is True; the other updates as they are."""
@@ -91,20 +91,28 @@ def masked(inner: GradientTransformation, mask: Mask) -> GradientTransformation:
         (tensor([-0.1000, -0.1000]), tensor([3., 3.]))
     """
     check_transformation(inner, "masked")
+    # module-level functions, not closures, so that the transformation pickles
+    # (if the mask does: a pytree, or a module-level function)
+    return GradientTransformation(
+        functools.partial(_masked_init, inner, mask), functools.partial(_masked_update, inner, mask)
+    )
 
-    def flags(tree: Any, who: str) -> Any:
-        return _like(tree, mask(tree) if callable(mask) else mask, who, "the mask", "bools", bool)
 
-    def init(params: Params) -> State:
-        return _masked_init(inner, params, flags(params, "masked init"))
+def _flags(mask: Mask, tree: Any, who: str) -> Any:
+    """The mask for `tree`, checked: a tree of bools with its structure."""
+    return _like(tree, mask(tree) if callable(mask) else mask, who, "the mask", "bools", bool)
 
-    def update(updates: Updates, state: State, params: Params | None = None) -> tuple[Updates, State]:
-        who = "masked update"
-        return _masked_update(
-            inner, updates, state, params, flags(updates if params is None else params, who), who
-        )
 
-    return GradientTransformation(init, update)
+def _masked_init(inner: GradientTransformation, mask: Mask, params: Params) -> State:
+    return _init_selected(inner, params, _flags(mask, params, "masked init"))
+
+
+def _masked_update(
+    inner: GradientTransformation, mask: Mask, updates: Updates, state: State, params: Params | None = None
+) -> tuple[Updates, State]:
+    who = "masked update"
+    flags = _flags(mask, updates if params is None else params, who)
+    return _update_selected(inner, updates, state, params, flags, who)
 
 
 def partition(transforms: Mapping[str, GradientTransformation], labels: Any) -> GradientTransformation:
@@ -131,39 +139,51 @@ def partition(transforms: Mapping[str, GradientTransformation], labels: Any) -> 
     for label, transform in transforms.items():
         check_transformation(transform, f"partition (label {label!r})")
 
-    def flags_by_label(tree: Any, who: str) -> dict[str, Any]:
-        """The labels for `tree`, checked once, as one tree of flags per label."""
-        tree_labels = _like(
-            tree, labels(tree) if callable(labels) else labels, who, "the labels tree", "labels"
+    return GradientTransformation(
+        functools.partial(_partition_init, transforms, labels),
+        functools.partial(_partition_update, transforms, labels),
+    )
+
+
+def _flags_by_label(
+    transforms: dict[str, GradientTransformation], labels: Any, tree: Any, who: str
+) -> dict[str, Any]:
+    """The labels for `tree`, checked once, as one tree of flags per label."""
+    tree_labels = _like(tree, labels(tree) if callable(labels) else labels, who, "the labels tree", "labels")
+    unknown = {x for x in optree.tree_leaves(tree_labels, none_is_leaf=True) if x not in transforms}
+    if unknown:
+        raise ValueError(
+            f"partition: labels {sorted(unknown, key=repr)} name no transformation; "
+            f"the transformations are {sorted(transforms)}"
         )
-        unknown = {x for x in optree.tree_leaves(tree_labels, none_is_leaf=True) if x not in transforms}
-        if unknown:
-            raise ValueError(
-                f"partition: labels {sorted(unknown, key=repr)} name no transformation; "
-                f"the transformations are {sorted(transforms)}"
-            )
-        return {
-            label: optree.tree_map(functools.partial(operator.eq, label), tree_labels, none_is_leaf=True)
-            for label in transforms
-        }
+    return {
+        label: optree.tree_map(functools.partial(operator.eq, label), tree_labels, none_is_leaf=True)
+        for label in transforms
+    }
 
-    def init(params: Params) -> State:
-        flags = flags_by_label(params, "partition init")
-        return {label: _masked_init(tx, params, flags[label]) for label, tx in transforms.items()}
 
-    def update(updates: Updates, state: State, params: Params | None = None) -> tuple[Updates, State]:
-        if not isinstance(state, dict) or set(state) != set(transforms):
-            got = f"keys {sorted(state)}" if isinstance(state, dict) else f"type {type(state).__name__}"
-            raise ValueError(
-                f"partition update got a state of {got}; pass the state that init returned "
-                f"(a dict with keys {sorted(transforms)})"
-            )
-        flags = flags_by_label(updates if params is None else params, "partition update")
-        new_state = {}
-        for label, tx in transforms.items():
-            updates, new_state[label] = _masked_update(
-                tx, updates, state[label], params, flags[label], f"partition update ({label!r})"
-            )
-        return updates, new_state
+def _partition_init(transforms: dict[str, GradientTransformation], labels: Any, params: Params) -> State:
+    flags = _flags_by_label(transforms, labels, params, "partition init")
+    return {label: _init_selected(tx, params, flags[label]) for label, tx in transforms.items()}
 
-    return GradientTransformation(init, update)
+
+def _partition_update(
+    transforms: dict[str, GradientTransformation],
+    labels: Any,
+    updates: Updates,
+    state: State,
+    params: Params | None = None,
+) -> tuple[Updates, State]:
+    if not isinstance(state, dict) or set(state) != set(transforms):
+        got = f"keys {sorted(state)}" if isinstance(state, dict) else f"type {type(state).__name__}"
+        raise ValueError(
+            f"partition update got a state of {got}; pass the state that init returned "
+            f"(a dict with keys {sorted(transforms)})"
+        )
+    flags = _flags_by_label(transforms, labels, updates if params is None else params, "partition update")
+    new_state = {}
+    for label, tx in transforms.items():
+        updates, new_state[label] = _update_selected(
+            tx, updates, state[label], params, flags[label], f"partition update ({label!r})"
+        )
+    return updates, new_state
