@@ -138,7 +138,7 @@ def partition(transforms: Mapping[str, GradientTransformation], labels: Any) -> 
     transforms = dict(transforms)
     for label, transform in transforms.items():
         check_transformation(transform, f"partition (label {label!r})")
-
+    # module-level functions, as in `masked`: it pickles if the labels do
     return GradientTransformation(
         functools.partial(_partition_init, transforms, labels),
         functools.partial(_partition_update, transforms, labels),
