@@ -30,8 +30,10 @@ torch.serialization.add_safe_globals([MaskedState])  # loads with torch.load(wei
 
 
 def _like(tree: Any, given: Any, who: str, what: str, leaves: str, kind: type | None = None) -> Any:
-    """`given` (a mask, a labels tree), checked: a tree of `leaves` with `tree`'s
-    structure, of type `kind` if given."""
+    """`given` (a mask, a labels tree, or a function that makes one from `tree`) for
+    `tree`, checked: a tree of `leaves` with `tree`'s structure, of type `kind` if given."""
+    if callable(given):
+        given = given(tree)
 
     def check(_: Any, x: Any) -> Any:
         if kind is not None and not isinstance(x, kind):
@@ -100,7 +102,7 @@ def masked(inner: GradientTransformation, mask: Mask) -> GradientTransformation:
 
 def _flags(mask: Mask, tree: Any, who: str) -> Any:
     """The mask for `tree`, checked: a tree of bools with its structure."""
-    return _like(tree, mask(tree) if callable(mask) else mask, who, "the mask", "bools", bool)
+    return _like(tree, mask, who, "the mask", "bools", bool)
 
 
 def _masked_init(inner: GradientTransformation, mask: Mask, params: Params) -> State:
@@ -149,7 +151,7 @@ def _flags_by_label(
     transforms: dict[str, GradientTransformation], labels: Any, tree: Any, who: str
 ) -> dict[str, Any]:
     """The labels for `tree`, checked once, as one tree of flags per label."""
-    tree_labels = _like(tree, labels(tree) if callable(labels) else labels, who, "the labels tree", "labels")
+    tree_labels = _like(tree, labels, who, "the labels tree", "labels")
     unknown = {x for x in optree.tree_leaves(tree_labels, none_is_leaf=True) if x not in transforms}
     if unknown:
         raise ValueError(
