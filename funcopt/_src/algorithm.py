@@ -383,13 +383,16 @@ class Algorithm:
         show = (
             (lambda t: tuple(t.shape)) if what == "shapes" else (lambda t: str(t.dtype).replace("torch.", ""))
         )
-        k = len(self.counters)
-        named = [("gradient", g), ("param", p), *zip(self.fields[k:], buffers)]
+        named = self._named(g, p, buffers)
         return ValueError(
             f"{self.name} update: the {what} of leaf {i} differ "
             f"({', '.join(f'{name} {show(t)}' for name, t in named if t is not None)}). "
             "Pass the gradients of these params, and a state that init made from them."
         )
+
+    def _named(self, g: Tensor | None, p: Tensor | None, buffers: Sequence[Any]) -> list[tuple[str, Any]]:
+        """A leaf's gradient, param and buffers, with the names the errors give them."""
+        return [("gradient", g), ("param", p), *zip(self.fields[len(self.counters) :], buffers)]
 
     def _device_error(
         self,
@@ -401,8 +404,7 @@ class Algorithm:
         different devices (torch's own names no tensor), or None if there is none."""
         k = len(self.counters)  # counters may live elsewhere: they are read on the host
         for i, (p, g) in enumerate(zip(p_leaves, g_leaves)):
-            buffers = ((field, column[i]) for field, column in zip(self.fields[k:], columns[k:]))
-            named = [("gradient", g), ("param", p), *buffers]
+            named = self._named(g, p, [column[i] for column in columns[k:]])
             devices = {str(t.device) for _, t in named if isinstance(t, Tensor)}
             if g is not None and len(devices) > 1:
                 return ValueError(
