@@ -400,6 +400,24 @@ def test_vmap_over_model_ensemble_equals_loop(name):
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
+def test_nested_vmap_over_learning_rates_and_ensemble_equals_loop(name):
+    """A grid in one call: vmap over learning rates (in chunks) of vmap over an ensemble
+    of initializations equals the double loop."""
+    inits = [problem(seed)[0] for seed in range(3)]
+    _, x, y = problem()
+    stacked = {k: torch.stack([p[k] for p in inits]) for k in inits[0]}
+    lrs = torch.tensor([0.5, 1.0, 2.0, 4.0], dtype=F64) * HYPER[name]["lr"]
+
+    def f(lr, p):
+        return train(name, {**HYPER[name], "lr": lr}, p, x, y)
+
+    grid = vmap(vmap(f, in_dims=(None, 0)), in_dims=(0, None), chunk_size=3)(lrs, stacked)
+    loop = torch.stack([torch.stack([f(lr, p) for p in inits]) for lr in lrs])
+    torch.testing.assert_close(grid, loop, rtol=1e-10, atol=1e-12)
+    assert len(set(loop.flatten().tolist())) == loop.numel()
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
 def test_vmap_over_states_at_different_steps_equals_loop(name):
     """Batched step counters: one vmapped update of states that have taken 1, 2 and 3
     steps gives each its own schedule, as separate updates do. (A counter that a
@@ -463,6 +481,27 @@ def test_compiled_update_with_a_skipped_param(name):
         assert_same(comp_u["w"], eager_u["w"], rtol=1e-5, atol=1e-6)
     assert_same(list(comp_s), list(eager_s), rtol=1e-5, atol=1e-6)
     assert int(comp_s.step["w"]) == 4 and int(comp_s.step["b"]) == 0
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_compiled_update_with_dynamic_shapes(name):
+    """torch.compile(update, dynamic=True): one graph serves params of any size (a
+    model grown or swapped between runs) and equals eager on each."""
+    import torch._dynamo
+
+    tx = make(name, HYPER[name])
+    torch._dynamo.reset()
+    compiled = torch.compile(tx.update, fullgraph=True, dynamic=True, backend="aot_eager")
+    for i, n in enumerate((5, 7, 11)):
+        params, x, y = problem(seed=n, dtype=torch.float32)
+        params = {"w": params["w"].repeat(1, n), "b": params["b"].repeat(n)}
+        grads = optree.tree_map(torch.cos, params)
+        comp_s = eager_s = tx.init(params)
+        for j in range(2):
+            with torch._dynamo.config.patch(error_on_recompile=(i, j) != (0, 0)):
+                comp_u, comp_s = compiled(grads, comp_s, params)
+            eager_u, eager_s = tx.update(grads, eager_s, params)
+            assert_same((comp_u, list(comp_s)), (eager_u, list(eager_s)), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
