@@ -505,6 +505,29 @@ def test_compiled_update_with_dynamic_shapes(name):
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
+def test_update_exports(name):
+    """torch.export of a module that calls update (the state passed as its leaves, the
+    shared step counter among them) gives a program that computes what eager does at
+    every step: the schedule is traced from the counters, not baked in as constants."""
+    params, x, y = problem(dtype=torch.float32)
+    tx = make(name, HYPER[name])
+    spec = optree.tree_structure((params, tx.init(params)))
+
+    class Step(torch.nn.Module):
+        def forward(self, grads, *leaves):
+            params, state = optree.tree_unflatten(spec, list(leaves))
+            return tx.update(grads, state, params)
+
+    grads_seq = [grad(loss_fn)(params, x * (1 + i / 4), y) for i in range(4)]
+    exported_state = eager_state = tx.init(params)
+    program = torch.export.export(Step(), (grads_seq[0], *optree.tree_leaves((params, eager_state))))
+    for grads in grads_seq:
+        updates, exported_state = program.module()(grads, *optree.tree_leaves((params, exported_state)))
+        expected, eager_state = tx.update(grads, eager_state, params)
+        assert_same((updates, list(exported_state)), (expected, list(eager_state)), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
 def test_compiled_vmapped_training_runs(name):
     """torch.compile over a whole vmapped sweep (gradient, update and apply_updates inside,
     several steps), fullgraph: equal to the eager sweep."""
