@@ -493,8 +493,8 @@ def test_compiled_update_with_dynamic_shapes(name):
     torch._dynamo.reset()
     compiled = torch.compile(tx.update, fullgraph=True, dynamic=True, backend="aot_eager")
     for i, n in enumerate((5, 7, 11)):
-        params, x, y = problem(seed=n, dtype=torch.float32)
-        params = {"w": params["w"].repeat(1, n), "b": params["b"].repeat(n)}
+        base = problem(seed=n, dtype=torch.float32)[0]
+        params = {"w": base["w"].repeat(1, n), "b": base["b"].repeat(n)}
         grads = optree.tree_map(torch.cos, params)
         comp_s = eager_s = tx.init(params)
         for j in range(2):
