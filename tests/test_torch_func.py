@@ -520,9 +520,11 @@ def test_update_exports(name):
 
     grads_seq = [grad(loss_fn)(params, x * (1 + i / 4), y) for i in range(4)]
     exported_state = eager_state = tx.init(params)
-    program = torch.export.export(Step(), (grads_seq[0], *optree.tree_leaves((params, eager_state))))
+    exported = torch.export.export(
+        Step(), (grads_seq[0], *optree.tree_leaves((params, eager_state)))
+    ).module()
     for grads in grads_seq:
-        updates, exported_state = program.module()(grads, *optree.tree_leaves((params, exported_state)))
+        updates, exported_state = exported(grads, *optree.tree_leaves((params, exported_state)))
         expected, eager_state = tx.update(grads, eager_state, params)
         assert_same((updates, list(exported_state)), (expected, list(eager_state)), rtol=1e-6, atol=1e-7)
 
