@@ -608,6 +608,24 @@ def test_compiled_write_back_matches_pure_steps(name, dtype):
     assert_same(list(in_place_s), list(pure_s), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_compiled_meta_gradient_matches_eager(name):
+    """torch.compile(fullgraph=True) of a whole meta-gradient: torch.func.grad, with
+    respect to the initial params and the lr, of the loss after steps of `inner_loop`
+    (second order, through each step's update and schedule). One graph, equal to eager."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    params, x, y = problem(dtype=torch.float32)
+    lr = torch.tensor(HYPER[name]["lr"])
+    meta_grad = grad(lambda p, lr: train(name, {**HYPER[name], "lr": lr}, p, x, y), argnums=(0, 1))
+    compiled = torch.compile(meta_grad, fullgraph=True, backend="aot_eager")
+    (eager_p, eager_lr), (comp_p, comp_lr) = meta_grad(params, lr), compiled(params, lr)
+    assert eager_lr != 0 and all(g.abs().sum() > 0 for g in eager_p.values())
+    assert_same(comp_p, eager_p, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(comp_lr, eager_lr, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_compiled_training_step_with_weight_decay_matches_eager(name):
