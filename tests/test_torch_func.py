@@ -211,6 +211,29 @@ def test_autograd_through_eager_steps_equals_torch_func(name, options):
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
+def test_update_of_module_parameters_records_only_with_grad_enabled(name):
+    """A module's Parameters (which require grad) as params, with weight decay, which
+    reads them: the update records autograd history (the new state would carry it into
+    the next step), and under torch.no_grad() it records none, with the same values as
+    an update of detached params (concepts.md)."""
+    model = torch.nn.Linear(4, 3)
+    params = dict(model.named_parameters())
+    tx = make(name)
+    grads = {k: torch.randn_like(p) for k, p in params.items()}
+    state = tx.init(params)
+    expected, expected_state = tx.update(grads, state, {k: p.detach() for k, p in params.items()})
+    recorded, recorded_state = tx.update(grads, state, params)
+    assert all(u.grad_fn is not None for u in recorded.values())
+    assert any(t.grad_fn is not None for t in optree.tree_leaves(recorded_state))
+    with torch.no_grad():
+        updates, new_state = tx.update(grads, state, params)
+    assert all(t.grad_fn is None for t in optree.tree_leaves((updates, new_state)))
+    assert_same(updates, expected, rtol=0, atol=0)
+    assert_same(list(new_state), list(expected_state), rtol=0, atol=0)
+    assert_same(recorded, expected, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
 def test_autograd_groups_small_tensors_like_one_by_one(name, monkeypatch):
     """Where autograd records, small tensors step in groups with foreach ops: the
     results and the gradients through them equal those of per-tensor ops, bit for bit
