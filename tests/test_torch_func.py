@@ -127,6 +127,23 @@ def test_first_order_maml(name):
     torch.testing.assert_close(hypergrad, expected, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_inner_loop_resumes_from_a_state(name):
+    """inner_loop(state=...) continues a run: 2 steps, then 3 from the returned params
+    and state, equal 5 steps at once (params, state, and the loss before each step), as
+    the online-tuning recipe relies on."""
+    params, x, y = problem()
+    tx = make(name)
+    whole, whole_state, whole_losses = fo.inner_loop(loss_fn, params, tx, [(x, y)] * 5)
+    first, state, first_losses = fo.inner_loop(loss_fn, params, tx, [(x, y)] * 2)
+    resumed, resumed_state, later_losses = fo.inner_loop(loss_fn, first, tx, [(x, y)] * 3, state=state)
+    assert int(resumed_state.step["w"]) == 5
+    assert_same(resumed, whole, rtol=1e-12, atol=1e-14)
+    assert_same(list(resumed_state), list(whole_state), rtol=1e-12, atol=1e-14)
+    assert_same(first_losses + later_losses, whole_losses, rtol=1e-12, atol=1e-14)
+    assert whole_losses[0] == loss_fn(params, x, y) and whole_losses[-1] > loss_fn(whole, x, y)
+
+
 def test_maml_through_a_module_with_batchnorm():
     """The documented remedy for BatchNorm (whose in-place running statistics torch.func
     refuses): after replace_all_batch_norm_modules_, the second-order meta-gradient
