@@ -37,7 +37,12 @@ class TransformUpdate(Protocol):
 
 class GradientTransformation(NamedTuple):
     """A pure optimizer: ``init(params) -> state`` and
-    ``update(grads, state, params=None) -> (updates, new_state)``."""
+    ``update(grads, state, params=None) -> (updates, new_state)``.
+
+    ``update`` is differentiable: autograd records it where it reads a tensor that
+    requires grad (a module's Parameters, which weight decay reads), and the new state
+    then carries that history into the next step. For plain training, call it under
+    ``torch.no_grad()`` or pass detached params."""
 
     init: TransformInit
     update: TransformUpdate
