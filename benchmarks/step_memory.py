@@ -1,0 +1,125 @@
+"""Peak memory of one optimizer step, beyond what the process held before it.
+
+For each algorithm, on step_time.py's set of 160 float32 tensors (24.1M elements), it
+measures one step (after two warm-up steps) of
+
+- torch.optim.X() (the for-loop path) and X(foreach=True),
+- funcopt.X().step() (the adapter),
+- tx.update + fo.apply_updates (the pure functional path), eager and compiled,
+- the compiled update with its results written back into the inputs (recipes.md),
+
+each in a new process, and prints the highest resident memory during the step minus
+the resident memory before it, in MiB and as a multiple of the params' size. The
+children run with MALLOC_MMAP_THRESHOLD_=65536, so that glibc maps every large tensor
+apart and unmaps it when freed: resident memory then follows the live tensors, not the
+heap's history. Linux only (it reads /proc/self/status).
+
+    python benchmarks/step_memory.py [--algorithms NAdam,Adamax]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+CASES = ["torch", "torch foreach", "adapter", "functional", "compiled", "compiled, written back"]
+MiB = 1 << 20
+
+
+def resident() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_resident() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM"))
+
+
+def measure(name: str, case: str) -> tuple[float, float]:
+    """(peak MiB beyond the memory before the step, params' MiB), in this process."""
+    import optree
+    import torch
+    from step_time import benchmark_shapes
+
+    import funcopt as fo
+
+    g = torch.Generator().manual_seed(0)
+    params = [torch.randn(s, generator=g) for s in benchmark_shapes()]
+    grads = [torch.randn(p.shape, generator=g) for p in params]
+    size = sum(p.numel() * p.element_size() for p in params) / MiB
+    if case in ("torch", "torch foreach", "adapter"):
+        for p, grad in zip(params, grads):
+            p.grad = grad
+        if case == "adapter":
+            opt = getattr(fo, name)(params)
+        else:
+            opt = getattr(torch.optim, name)(params, foreach=case == "torch foreach")
+        step = opt.step
+    else:
+        tx = getattr(fo, name.lower())()
+        held = {"params": params, "state": tx.init(params)}
+        del params
+
+        def pure(grads, state, params):
+            updates, state = tx.update(grads, state, params)
+            return fo.apply_updates(params, updates), state
+
+        def written_back(grads, state, params):
+            updates, new_state = tx.update(grads, state, params)
+            new = optree.tree_leaves((fo.apply_updates(params, updates), new_state))
+            for old, value in zip(optree.tree_leaves((params, state)), new):
+                old.view(-1).copy_(value.view(-1))
+
+        if case == "compiled, written back":
+            compiled = torch.compile(written_back)
+
+            def step() -> None:
+                compiled(grads, held["state"], held["params"])
+
+        else:
+            function = torch.compile(pure) if case == "compiled" else pure
+
+            def step() -> None:
+                held["params"], held["state"] = function(grads, held["state"], held["params"])
+
+    for _ in range(2):
+        step()
+    before = resident()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # the high-water mark starts again from the current resident memory
+    step()
+    return (peak_resident() - before) / MiB, size
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--algorithms", default="Adadelta,Adagrad,Adamax,NAdam")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(*measure(*args.child))
+        return
+    if not os.path.exists("/proc/self/clear_refs"):
+        sys.exit("step_memory.py reads /proc/self: it runs on Linux only")
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    here = os.path.dirname(os.path.abspath(__file__))
+    print("peak resident memory during one step beyond the memory before it, MiB (x the params' size)")
+    print(f"{'algorithm':10}" + "".join(f"{case:>24}" for case in CASES))
+    for name in args.algorithms.split(","):
+        row = f"{name:10}"
+        for case in CASES:
+            out = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), "--child", name, case],
+                env=env, cwd=here, capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            peak, size = map(float, out.stdout.split()[-2:])
+            row += f"{f'{peak:.0f} ({peak / size:.2f}x)':>24}"
+        print(row, flush=True)
+    print(f"(params: {size:.0f} MiB)")
+
+
+if __name__ == "__main__":
+    main()
