@@ -5,8 +5,9 @@ measures one step (after two warm-up steps) of
 
 - torch.optim.X() (the for-loop path) and X(foreach=True),
 - funcopt.X().step() (the adapter),
-- tx.update + fo.apply_updates (the pure functional path), eager and compiled,
-- the compiled update with its results written back into the inputs (recipes.md),
+- tx.update + fo.apply_updates (the pure functional path), as step_time.py runs them
+  (`builders`), and compiled (`pure_step`),
+- the compiled step with its results written back into its inputs (`written_back_step`),
 
 each in a new process, and prints the highest resident memory during the step minus
 the resident memory before it, in MiB and as a multiple of the params' size. The
@@ -24,7 +25,14 @@ import os
 import subprocess
 import sys
 
-CASES = ["torch", "torch foreach", "adapter", "functional", "compiled", "compiled, written back"]
+CASES = [
+    "torch",
+    "torch foreach",
+    "funcopt adapter",
+    "funcopt functional",
+    "compiled",
+    "compiled, written back",
+]
 MiB = 1 << 20
 
 
@@ -40,51 +48,32 @@ def peak_resident() -> int:
 
 def measure(name: str, case: str) -> tuple[float, float]:
     """(peak MiB beyond the memory before the step, params' MiB), in this process."""
-    import optree
     import torch
-    from step_time import benchmark_shapes
+    from step_time import benchmark_shapes, builders, make_params, pure_step, written_back_step
 
     import funcopt as fo
 
-    g = torch.Generator().manual_seed(0)
-    params = [torch.randn(s, generator=g) for s in benchmark_shapes()]
-    grads = [torch.randn(p.shape, generator=g) for p in params]
-    size = sum(p.numel() * p.element_size() for p in params) / MiB
-    if case in ("torch", "torch foreach", "adapter"):
-        for p, grad in zip(params, grads):
-            p.grad = grad
-        if case == "adapter":
-            opt = getattr(fo, name)(params)
-        else:
-            opt = getattr(torch.optim, name)(params, foreach=case == "torch foreach")
-        step = opt.step
-    else:
+    shapes = benchmark_shapes()
+    size = sum(torch.Size(s).numel() * 4 for s in shapes) / MiB  # float32
+    if case.startswith("compiled"):
+        params, grads = make_params(shapes)
         tx = getattr(fo, name.lower())()
         held = {"params": params, "state": tx.init(params)}
         del params
-
-        def pure(grads, state, params):
-            updates, state = tx.update(grads, state, params)
-            return fo.apply_updates(params, updates), state
-
-        def written_back(grads, state, params):
-            updates, new_state = tx.update(grads, state, params)
-            new = optree.tree_leaves((fo.apply_updates(params, updates), new_state))
-            for old, value in zip(optree.tree_leaves((params, state)), new):
-                old.view(-1).copy_(value.view(-1))
-
         if case == "compiled, written back":
-            compiled = torch.compile(written_back)
+            compiled = torch.compile(written_back_step(tx))
 
             def step() -> None:
                 compiled(grads, held["state"], held["params"])
 
         else:
-            function = torch.compile(pure) if case == "compiled" else pure
+            compiled = torch.compile(pure_step(tx))
 
             def step() -> None:
-                held["params"], held["state"] = function(grads, held["state"], held["params"])
+                held["params"], held["state"] = compiled(grads, held["state"], held["params"])
 
+    else:
+        step = builders(name, shapes)[case]()
     for _ in range(2):
         step()
     before = resident()

@@ -34,6 +34,7 @@ try:
 except ImportError:  # not POSIX
     resource = None  # type: ignore[assignment]
 
+import optree
 import torch
 
 import funcopt as fo
@@ -115,11 +116,32 @@ def synchronizer(device: str):
     return torch.cuda.synchronize if torch.device(device).type == "cuda" else lambda: None
 
 
-def contenders(
-    name: str, shapes, device="cpu", reverse: bool = False, functional: bool = True
-) -> dict[str, callable]:
-    """Each contender owns its params and state; calling it performs one step. They are
-    created, and later run, in this order, or in the reverse one."""
+def pure_step(tx: fo.GradientTransformation) -> callable:
+    """`tx`'s whole pure step as one function (to compile): update, then apply_updates."""
+
+    def step(grads, state, params):
+        updates, state = tx.update(grads, state, params)
+        return fo.apply_updates(params, updates), state
+
+    return step
+
+
+def written_back_step(tx: fo.GradientTransformation) -> callable:
+    """`pure_step` with its results copied back into its inputs inside the function:
+    compiled, inductor then writes them in place (not pure; see recipes.md)."""
+    pure = pure_step(tx)
+
+    def step(grads, state, params):
+        new = optree.tree_leaves(pure(grads, state, params))
+        for dst, src in zip(optree.tree_leaves((params, state)), new):
+            dst.copy_(src)
+
+    return step
+
+
+def builders(name: str, shapes, device="cpu") -> dict[str, callable]:
+    """For each contender, a function that creates it (its own params and state) and
+    returns its step."""
 
     def adapter_like(make):
         return lambda: make(make_trainable(shapes, device)).step
@@ -135,16 +157,24 @@ def contenders(
 
         return step
 
-    builders = {
+    return {
         "torch": adapter_like(lambda ps: getattr(torch.optim, name)(ps, foreach=False)),
         "torch foreach": adapter_like(lambda ps: getattr(torch.optim, name)(ps, foreach=True)),
         "funcopt adapter": adapter_like(lambda ps: getattr(fo, name)(ps)),
         "funcopt functional": pure,
     }
+
+
+def contenders(
+    name: str, shapes, device="cpu", reverse: bool = False, functional: bool = True
+) -> dict[str, callable]:
+    """Each contender owns its params and state; calling it performs one step. They are
+    created, and later run, in this order, or in the reverse one."""
+    made = builders(name, shapes, device)
     if not functional:
-        del builders["funcopt functional"]
-    labels = list(builders)[::-1] if reverse else list(builders)
-    return {label: builders[label]() for label in labels}
+        del made["funcopt functional"]
+    labels = list(made)[::-1] if reverse else list(made)
+    return {label: made[label]() for label in labels}
 
 
 def measure(

@@ -36,13 +36,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-import optree
 import torch
 
 import funcopt as fo
 
 sys.path.insert(0, str(Path(__file__).parent))
-from step_time import benchmark_shapes, interleaved, make_params, make_trainable  # noqa: E402
+from step_time import (  # noqa: E402
+    benchmark_shapes,
+    interleaved,
+    make_params,
+    make_trainable,
+    pure_step,
+    written_back_step,
+)
 from torch_func import keep_freed_memory  # noqa: E402
 
 KERNEL = r"""
@@ -127,17 +133,8 @@ def main() -> None:
             kernel(ctypes.c_size_t(g.numel()), 0, threads, *(ctypes.c_void_p(t.data_ptr()) for t in ts))
         by_tensor[:] = new
 
-    def pure(grads, state, params):
-        updates, state = tx.update(grads, state, params)
-        return fo.apply_updates(params, updates), state
-
-    def write_back(grads, state, params):
-        new = optree.tree_leaves(pure(grads, state, params))
-        for dst, src in zip(optree.tree_leaves((params, state)), new):
-            dst.copy_(src)
-
-    compiled_pure = torch.compile(pure, fullgraph=True)
-    compiled_write_back = torch.compile(write_back, fullgraph=True)
+    compiled_pure = torch.compile(pure_step(tx), fullgraph=True)
+    compiled_write_back = torch.compile(written_back_step(tx), fullgraph=True)
     box = {"params": params, "state": tx.init(params)}
     in_place = ([p.clone() for p in params], tx.init(params))
 

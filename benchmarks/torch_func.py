@@ -41,7 +41,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import optree
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
@@ -56,7 +55,9 @@ from step_time import (  # noqa: E402
     make_params,
     make_trainable,
     page_faults,
+    pure_step,
     synchronizer,
+    written_back_step,
 )
 
 # -- 1. learning-rate sweep -------------------------------------------------------
@@ -201,12 +202,7 @@ def compiled_step_benchmark(rounds: int, name: str, device: str = "cpu") -> None
     sync = synchronizer(device)
     params, grads = make_params(shapes, device=device)
     tx = getattr(fo, name.lower())()
-
-    def step(grads, state, params):
-        updates, state = tx.update(grads, state, params)
-        return fo.apply_updates(params, updates), state
-
-    compiled = torch.compile(step, fullgraph=True)
+    compiled = torch.compile(pure_step(tx), fullgraph=True)
     box = {"params": params, "state": tx.init(params)}
     t0 = time.perf_counter()
     box["params"], box["state"] = compiled(grads, box["state"], box["params"])
@@ -219,16 +215,12 @@ def compiled_step_benchmark(rounds: int, name: str, device: str = "cpu") -> None
         box["params"], box["state"] = compiled(grads, box["state"], box["params"])
         faults.append(page_faults() - before)
 
-    # the same update, with the results copied back into the inputs inside the
-    # compiled function: inductor then writes them in place (not pure; see recipes)
-    def write_back(grads, state, params):
-        updates, new_state = tx.update(grads, state, params)
-        new = optree.tree_leaves((fo.apply_updates(params, updates), new_state))
-        for dst, src in zip(optree.tree_leaves((params, state)), new):
-            dst.copy_(src)
-
+    # the same update, with the results written back into the inputs (not pure)
     in_place_step = functools.partial(
-        torch.compile(write_back, fullgraph=True), grads, tx.init(params), [p.clone() for p in params]
+        torch.compile(written_back_step(tx), fullgraph=True),
+        grads,
+        tx.init(params),
+        [p.clone() for p in params],
     )
     in_place_step()
 
