@@ -462,6 +462,50 @@ def test_optimizer_chain_with_scheduler_and_checkpoint():
     assert_same(opt2.state_dict(), opt.state_dict())
 
 
+def test_optimizer_runs_the_transformation_per_param_group():
+    """Each param group steps on its own, as in torch: a global-norm clip in the chain sees
+    one group's gradients. One group with `fo.partition` for per-part learning rates clips
+    over all params, as ``clip_grad_norm_(model.parameters())`` does."""
+    torch.manual_seed(0)
+    a, b, c = (torch.nn.Linear(4, 3) for _ in range(3))
+    b.load_state_dict(a.state_dict())
+    c.load_state_dict(a.state_dict())
+    x = torch.randn(16, 4)
+
+    def torch_steps(model, clip_groups):
+        opt = torch.optim.NAdam([{"params": [model.weight], "lr": 0.2}, {"params": [model.bias]}], lr=0.05)
+        for _ in range(4):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            for group in clip_groups(opt.param_groups):
+                torch.nn.utils.clip_grad_norm_(group, 0.1)
+            opt.step()
+
+    def fo_steps(model, opt):
+        for _ in range(4):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+
+    def clipped(lr):
+        return fo.chain(fo.clip_by_global_norm(0.1), fo.nadam(lr=lr))
+
+    fo_steps(b, fo.Optimizer([{"params": [b.weight], "lr": 0.2}, {"params": [b.bias]}], clipped, lr=0.05))
+    ref = copy.deepcopy(a)
+    torch_steps(ref, lambda groups: [g["params"] for g in groups])
+    assert_same(list(b.parameters()), list(ref.parameters()))
+
+    def global_clip(lr):
+        labels = lambda tree: optree.tree_map(lambda p: "w" if p.ndim > 1 else "b", tree)  # noqa: E731
+        parts = fo.partition({"w": fo.nadam(lr=lr * 4), "b": fo.nadam(lr=lr)}, labels)
+        return fo.chain(fo.clip_by_global_norm(0.1), parts)
+
+    fo_steps(c, fo.Optimizer(c.parameters(), global_clip, lr=0.05))
+    torch_steps(a, lambda groups: [[p for g in groups for p in g["params"]]])
+    assert_same(list(c.parameters()), list(a.parameters()))
+    assert not torch.allclose(a.weight, b.weight)  # the two clips differ here
+
+
 def _clipped_nadam(lr):
     return fo.chain(fo.clip_by_global_norm(0.5), fo.nadam(lr=lr))
 

@@ -84,7 +84,11 @@ class Optimizer(torch.optim.Optimizer):
         >>> sorted(opt.state[model.weight])
         ['1.exp_avg', '1.exp_avg_sq', '1.mu_product', '1.step']
 
-    A param's state is created from the optimizer's defaults, as torch.optim does.
+    A param's state is created from the optimizer's defaults, as torch.optim does. Each
+    param group steps on its own, as in torch.optim: a transformation that looks across
+    params, such as `clip_by_global_norm`, sees one group's params at a time. To clip by
+    the norm of all params, keep them in one group and give parts their own
+    hyperparameters with `partition`, or clip the gradients before ``step()``.
     """
 
     _transform: GradientTransformation | TransformFactory
