@@ -89,6 +89,11 @@ class Optimizer(torch.optim.Optimizer):
     params, such as `clip_by_global_norm`, sees one group's params at a time. To clip by
     the norm of all params, keep them in one group and give parts their own
     hyperparameters with `partition`, or clip the gradients before ``step()``.
+
+    The transformation sees a group's params that have a gradient as a dict
+    ``{"0": p0, "1": p1, ...}`` in group order, and a new param's state is made from
+    ``{"0": p}`` alone. So give `masked` and `partition` a function of the tensors (for
+    example by ``p.ndim``) as mask or labels, not a fixed tree or one that goes by position.
     """
 
     _transform: GradientTransformation | TransformFactory
