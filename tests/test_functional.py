@@ -506,6 +506,42 @@ def test_optimizer_runs_the_transformation_per_param_group():
     assert not torch.allclose(a.weight, b.weight)  # the two clips differ here
 
 
+def _scale_by_count() -> fo.GradientTransformation:
+    """Divides the updates by the number of steps taken: a state shared by all params
+    (one global count, as optax's schedules keep), not one per param."""
+
+    def update(updates, count, params=None):
+        count = count + 1
+        return optree.tree_map(lambda u: u / count, updates), count
+
+    return fo.GradientTransformation(lambda params: torch.zeros(()), update)
+
+
+def test_optimizer_state_shared_by_all_params_advances_with_the_group():
+    """A global count advances at every step of the group, as in the functional API with
+    None gradient leaves: for a param without a gradient at a step, and for one whose
+    first gradient comes late, while per-param state (NAdam's) skips, as in torch."""
+    torch.manual_seed(0)
+    init = {k: torch.randn(3) for k in "abc"}
+    has_grad = [("b", "c"), ("b",), ("a", "b", "c"), ("a",), ("a", "b", "c")]  # "a" comes late
+    grads = [{k: torch.randn(3) if k in keys else None for k in "abc"} for keys in has_grad]
+    tx = fo.chain(_scale_by_count(), fo.nadam(lr=0.1))
+    params, state = dict(init), tx.init(init)
+    for g in grads:
+        updates, state = tx.update(g, state, params)
+        params = fo.apply_updates(params, updates)
+
+    ps = {k: torch.nn.Parameter(v.clone()) for k, v in init.items()}
+    opt = fo.Optimizer(list(ps.values()), tx)
+    for g in grads:
+        for k, p in ps.items():
+            p.grad = g[k]
+        opt.step()
+    assert_same([p.detach() for p in ps.values()], list(params.values()))
+    assert [float(opt.state[p]["0"]) for p in ps.values()] == [5.0, 5.0, 5.0]
+    assert [float(opt.state[p]["1.step"]) for p in ps.values()] == [3.0, 4.0, 3.0]
+
+
 def _clipped_nadam(lr):
     return fo.chain(fo.clip_by_global_norm(0.5), fo.nadam(lr=lr))
 

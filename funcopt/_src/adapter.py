@@ -94,6 +94,9 @@ class Optimizer(torch.optim.Optimizer):
     ``{"0": p0, "1": p1, ...}`` in group order, and a new param's state is made from
     ``{"0": p}`` alone. So give `masked` and `partition` a function of the tensors (for
     example by ``p.ndim``) as mask or labels, not a fixed tree or one that goes by position.
+    State kept for all params at once (a global count) is the group's, stored with each
+    param: it advances at every step of the group, as in the functional API, while
+    per-param state skips a param without a gradient, as in torch.
     """
 
     _transform: GradientTransformation | TransformFactory
@@ -287,7 +290,15 @@ class Optimizer(torch.optim.Optimizer):
                 fused=bool(group.get("fused")),
             )
         slots, _ = _slots(self._make_transform(hyperparams).init({"0": p}))
-        return {name: leaf["0"] if per_param else leaf for name, per_param, leaf in slots}
+        # state shared by all params (a global step count, say) is the group's: a param
+        # that joins the group's steps late takes the value the others hold
+        sibling: dict[str, Any] = next(
+            (self.state[q] for q in group["params"] if q is not p and self.state.get(q)), {}
+        )
+        return {
+            name: leaf["0"] if per_param else _clone(sibling[name]) if name in sibling else leaf
+            for name, per_param, leaf in slots
+        }
 
     def _step_group(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> None:
         states = [self.state[p] for p in params]
@@ -299,7 +310,8 @@ class Optimizer(torch.optim.Optimizer):
         hyperparams = self._hyperparams(group)
         algorithm = self._transform if isinstance(self._transform, Algorithm) else None
         if algorithm is None:
-            self._step_functional(self._make_transform(hyperparams), params, grads, states)
+            skipped = [self.state[p] for p in group["params"] if p.grad is None and self.state.get(p)]
+            self._step_functional(self._make_transform(hyperparams), params, grads, states, skipped)
             return
         hyperparams = normalize(hyperparams, algorithm.pairs)
         if (  # the fast path; else pure and traceable (capturable, differentiable, compiled)
@@ -318,7 +330,12 @@ class Optimizer(torch.optim.Optimizer):
         params: list[Tensor],
         grads: list[Tensor],
         states: list[dict[str, Any]],
+        skipped: list[dict[str, Any]],
     ) -> None:
+        """One step of a transformation on a group's params that have a gradient. State
+        shared by all params (not per param) is the group's: it advances at every step,
+        in the state of the params without a gradient (`skipped`) too, as in the
+        functional API, where a None gradient leaf does not hold back a global count."""
         keys = [str(i) for i in range(len(params))]
         # The state's layout, from an init on one meta tensor (allocates nothing).
         slots, treedef = _slots(transform.init({"0": torch.empty_like(params[0], device="meta")}))
@@ -338,6 +355,10 @@ class Optimizer(torch.optim.Optimizer):
             for (name, per_param, _), leaf in zip(slots, new_leaves)
         ]
         _write_back(params, states, columns, [updates[key] for key in keys])
+        for (name, per_param, _), leaf in zip(slots, new_leaves):
+            if not per_param:
+                for other in skipped:
+                    _assign(other, name, leaf)
 
 
 def _listings(params: list[Tensor], grads: list[Tensor]) -> list[tuple[list[Tensor], list[Tensor]]]:
@@ -546,6 +567,10 @@ def _missing_entry(error: KeyError) -> KeyError:
         "state was edited or made for another optimizer. Restore the entry, or clear "
         "`optimizer.state[param]` to start that param afresh."
     )
+
+
+def _clone(value: Any) -> Any:
+    return value.clone() if isinstance(value, Tensor) else value
 
 
 def _assign(state: dict[str, Any], name: str, value: Any) -> None:
