@@ -517,20 +517,14 @@ def _scale_by_count() -> fo.GradientTransformation:
     return fo.GradientTransformation(lambda params: torch.zeros(()), update)
 
 
-def test_optimizer_state_shared_by_all_params_advances_with_the_group():
-    """A global count advances at every step of the group, as in the functional API with
-    None gradient leaves: for a param without a gradient at a step, and for one whose
-    first gradient comes late, while per-param state (NAdam's) skips, as in torch."""
-    torch.manual_seed(0)
-    init = {k: torch.randn(3) for k in "abc"}
-    has_grad = [("b", "c"), ("b",), ("a", "b", "c"), ("a",), ("a", "b", "c")]  # "a" comes late
-    grads = [{k: torch.randn(3) if k in keys else None for k in "abc"} for keys in has_grad]
-    tx = fo.chain(_scale_by_count(), fo.nadam(lr=0.1))
+def _run_both_ways(tx, init, has_grad):
+    """`tx` run by fo.Optimizer (one group) and by the functional API, on the same
+    gradients, None where a param's name is missing from that step's `has_grad`."""
+    grads = [{k: torch.randn_like(v) if k in keys else None for k, v in init.items()} for keys in has_grad]
     params, state = dict(init), tx.init(init)
     for g in grads:
         updates, state = tx.update(g, state, params)
         params = fo.apply_updates(params, updates)
-
     ps = {k: torch.nn.Parameter(v.clone()) for k, v in init.items()}
     opt = fo.Optimizer(list(ps.values()), tx)
     for g in grads:
@@ -538,8 +532,37 @@ def test_optimizer_state_shared_by_all_params_advances_with_the_group():
             p.grad = g[k]
         opt.step()
     assert_same([p.detach() for p in ps.values()], list(params.values()))
-    assert [float(opt.state[p]["0"]) for p in ps.values()] == [5.0, 5.0, 5.0]
-    assert [float(opt.state[p]["1.step"]) for p in ps.values()] == [3.0, 4.0, 3.0]
+    return opt, list(ps.values())
+
+
+LATE_A = [("b", "c"), ("b",), ("a", "b", "c"), ("a",), ("a", "b", "c")]  # "a" comes late
+
+
+def test_optimizer_state_shared_by_all_params_advances_with_the_group():
+    """A global count advances at every step of the group, as in the functional API with
+    None gradient leaves: for a param without a gradient at a step, and for one whose
+    first gradient comes late, while per-param state (NAdam's) skips, as in torch."""
+    torch.manual_seed(0)
+    init = {k: torch.randn(3) for k in "abc"}
+    opt, ps = _run_both_ways(fo.chain(_scale_by_count(), fo.nadam(lr=0.1)), init, LATE_A)
+    assert [float(opt.state[p]["0"]) for p in ps] == [5.0, 5.0, 5.0]
+    assert [float(opt.state[p]["1.step"]) for p in ps] == [3.0, 4.0, 3.0]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: fo.chain(fo.clip_by_global_norm(0.5), fo.adamax(lr=0.05)),
+        lambda: fo.masked(fo.adagrad(lr=0.1), lambda t: optree.tree_map(lambda p: p.ndim > 1, t)),
+        lambda: fo.chain(_scale_by_count(), _decay_on_weights(0.05)),
+    ],
+    ids=["clip", "masked", "count-partition"],
+)
+def test_optimizer_equals_the_functional_api_with_none_gradients(make):
+    """fo.Optimizer on one group steps as the functional API does with None gradient
+    leaves, parts by shape included, with a param whose first gradient comes late."""
+    torch.manual_seed(0)
+    _run_both_ways(make(), {"a": torch.randn(4, 3), "b": torch.randn(3), "c": torch.randn(2, 2)}, LATE_A)
 
 
 def _clipped_nadam(lr):
