@@ -94,6 +94,7 @@ class Optimizer(torch.optim.Optimizer):
     ``{"0": p0, "1": p1, ...}`` in group order, and a new param's state is made from
     ``{"0": p}`` alone. So give `masked` and `partition` a function of the tensors (for
     example by ``p.ndim``) as mask or labels, not a fixed tree or one that goes by position.
+
     State kept for all params at once (a global count) is the group's, stored with each
     param: it advances at every step of the group, as in the functional API, while
     per-param state skips a param without a gradient, as in torch.
