@@ -472,6 +472,10 @@ def _step_pure(
     _add_updates(params, updates)
 
 
+def _clone(value: Any) -> Any:
+    return value.clone() if isinstance(value, Tensor) else value
+
+
 def _copies_for_autograd(tree: Any) -> Any:
     """What a pure step reads: the params and the state's tensors themselves, or copies
     where autograd records (a differentiable step). Autograd may save what the update
@@ -481,7 +485,7 @@ def _copies_for_autograd(tree: Any) -> Any:
     clone the param for a tensor weight_decay likewise."""
     if not torch.is_grad_enabled():
         return tree
-    return optree.tree_map(lambda x: x.clone() if isinstance(x, Tensor) else x, tree, none_is_leaf=True)
+    return optree.tree_map(_clone, tree, none_is_leaf=True)
 
 
 def _write_back(
@@ -568,10 +572,6 @@ def _missing_entry(error: KeyError) -> KeyError:
         "state was edited or made for another optimizer. Restore the entry, or clear "
         "`optimizer.state[param]` to start that param afresh."
     )
-
-
-def _clone(value: Any) -> Any:
-    return value.clone() if isinstance(value, Tensor) else value
 
 
 def _assign(state: dict[str, Any], name: str, value: Any) -> None:
