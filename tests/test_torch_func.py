@@ -590,6 +590,35 @@ def test_compiled_vmapped_training_runs(name):
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
+def test_compiled_vmapped_step_from_a_cloned_vmapped_init(name):
+    """A sweep stepped from Python: torch.compile(vmap(step)) from the state of
+    vmap(tx.init), cloned as documented (vmap returns the unbatched counters expanded, with
+    stride 0), compiles once over the steps and equals the eager vmapped steps."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    params, x, y = problem(dtype=torch.float32)
+
+    def step(lr, params, state):
+        tx = make(name, {**HYPER[name], "lr": lr})
+        updates, state = tx.update(grad(loss_fn)(params, x, y), state, params)
+        return fo.apply_updates(params, updates), state
+
+    lrs = torch.linspace(0.01, 0.1, 3)
+    batched = {k: v.expand(3, *v.shape).clone() for k, v in params.items()}
+    state = vmap(make(name, HYPER[name]).init)(batched)
+    assert {t.stride() for t in optree.tree_leaves(state) if t.ndim == 1} == {(0,)}
+    state = optree.tree_map(torch.clone, state)
+    compiled = torch.compile(vmap(step), fullgraph=True, backend="aot_eager")
+    comp, eager = (batched, state), (batched, state)
+    for i in range(3):
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            comp = compiled(lrs, *comp)
+        eager = vmap(step)(lrs, *eager)
+    assert_same((comp[0], list(comp[1])), (eager[0], list(eager[1])), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
 def test_compiled_step_with_a_scheduled_lr(name):
     """A schedule: the transformation built inside the compiled step from a 0-d tensor lr
     that changes every step. It compiles once and matches eager steps."""
