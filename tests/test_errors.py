@@ -307,6 +307,35 @@ def test_optimizer_transform_is_checked():
         fo.Optimizer([p], lambda lr: lr, lr=0.1).step()
 
 
+def test_optimizer_explains_a_labels_tree_by_param_names():
+    """fo.Optimizer gives the transformation a group's params keyed by position, so
+    partition labels by param names cannot fit: the structure error goes on to say why
+    and what to pass instead, and no param changes. Other errors pass unchanged."""
+    model = torch.nn.Linear(3, 2)
+    before = [p.detach().clone() for p in model.parameters()]
+
+    def by_names(lr):
+        return fo.partition({"a": fo.adamax(lr=lr), "b": fo.nadam(lr=lr)}, {"weight": "a", "bias": "b"})
+
+    opt = fo.Optimizer(model.named_parameters(), by_names, lr=0.01)
+    model(torch.ones(4, 3)).sum().backward()
+    with pytest.raises(
+        ValueError,
+        match=r"^partition init: the labels tree does not .*expected key\(s\): \['0'\].* \(fo\.Optimizer "
+        r"gives the transformation a param group's params as a dict keyed by position, .* give "
+        r"masked and partition a function of the tensors, for example by p\.ndim\.\)$",
+    ):
+        opt.step()
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+
+    def failing_init(params):
+        raise ValueError("boom")
+
+    opt = fo.Optimizer(model.parameters(), fo.GradientTransformation(failing_init, None))
+    with pytest.raises(ValueError, match="^boom$"):
+        opt.step()
+
+
 # (params, grads) -> (grads, the params init gets, params), with one tree that differs;
 # then what the error says
 STRUCTURE_CASES = {

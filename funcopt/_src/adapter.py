@@ -51,6 +51,14 @@ IMPLEMENTATION_FLAGS = ("foreach", "fused", "capturable", "differentiable")
 TransformFactory = Callable[..., GradientTransformation]
 
 
+_KEYED_BY_POSITION = (
+    "(fo.Optimizer gives the transformation a param group's params as a dict keyed by "
+    "position, {'0': p0, '1': p1, ...}, and makes a new param's state from {'0': p}: "
+    "give masked and partition a function of the tensors, for example by p.ndim.)"
+)
+"""The end of a structure error raised while a param's state is made."""
+
+
 def _to_python(value: Any) -> Any:
     """Tensor hyperparameters as Python numbers, for the in-place fast path."""
     if isinstance(value, Tensor):
@@ -290,7 +298,12 @@ class Optimizer(torch.optim.Optimizer):
                 on_device=self._on_device(group),
                 fused=bool(group.get("fused")),
             )
-        slots, _ = _slots(self._make_transform(hyperparams).init({"0": p}))
+        try:
+            slots, _ = _slots(self._make_transform(hyperparams).init({"0": p}))
+        except ValueError as e:  # a mask or labels tree by param names, most likely
+            if "does not have the structure of" not in str(e):
+                raise
+            raise ValueError(f"{e} {_KEYED_BY_POSITION}").with_traceback(e.__traceback__) from None
         # state shared by all params (a global step count, say) is the group's: a param
         # that joins the group's steps late takes the value the others hold
         sibling: dict[str, Any] = next(
