@@ -353,6 +353,11 @@ STRUCTURE_CASES = {
         r"params does not have the structure of grads",
     ),
     "a state of other params": (lambda p, g: (g, [p["a"]], p), r"state\.step does not have the structure"),
+    "grads as a tuple, params in a list": (
+        lambda p, g: (tuple(g.values()), list(p.values()), list(p.values())),
+        r"state\.step does not .*instance of tuple.* One is a list and the other a tuple \(torch\.autograd"
+        r"\.grad returns a tuple\): pass both as the same kind, for example list\(grads\)\.$",
+    ),
 }
 
 
@@ -366,8 +371,10 @@ def test_update_with_mismatched_structures(name, case):
     grads, init_params, params = mismatch(params, {"a": torch.randn(3), "b": torch.randn(2)})
     tx = factory(name)()
     state = tx.init(init_params)
-    with pytest.raises(ValueError, match=rf"^{name} update: {match}.*structure of the params given to init"):
+    with pytest.raises(ValueError, match=rf"^{name} update: {match}") as error:
         tx.update(grads, state, params)
+    assert "structure of the params given to init" in str(error.value)
+    assert ("torch.autograd.grad" in str(error.value)) == ("tuple" in case)
 
 
 def test_update_and_apply_take_any_kind_of_dict():
@@ -392,6 +399,8 @@ def test_apply_updates_with_mismatched_structure():
         ValueError, match=r"updates does not have the structure of params \(Expected an instance of dict"
     ):
         fo.apply_updates(params, torch.randn(3))
+    with pytest.raises(ValueError, match=r"One is a list and the other a tuple \(torch\.autograd\.grad"):
+        fo.apply_updates(list(params.values()), (torch.randn(3), torch.randn(2)))
 
 
 @pytest.mark.parametrize("shape", [(3, 2), (), (1,)])

@@ -81,7 +81,7 @@ def flatten_together(
             try:
                 column = treedef.flatten_up_to(other)
             except ValueError as e:
-                raise _structure_error(names, j, hint, str(e)) from None
+                raise _structure_error(names, j, hint + _list_or_tuple(tree, other), str(e)) from None
             # `tree` as a mere prefix of `other` (a tensor where `other` has a dict)
             wrong = next((x for x in column if x is not None and not isinstance(x, Tensor)), None)
             if wrong is not None:
@@ -98,6 +98,17 @@ def flatten_together(
         return optree.tree_map(lambda _: next(it), tree, none_is_leaf=True)
 
     return [[row[j] for row in rows] for j in range(1 + len(others))], unflatten
+
+
+def _list_or_tuple(tree: Any, other: Any) -> str:
+    """A hint for trees that are a list and a tuple: torch.autograd.grad returns its
+    gradients as a tuple, which does not match params kept in a list."""
+    if {type(tree), type(other)} != {list, tuple}:
+        return ""
+    return (
+        " One is a list and the other a tuple (torch.autograd.grad returns a tuple): pass "
+        "both as the same kind, for example list(grads)."
+    )
 
 
 def _structure_error(names: Sequence[str], j: int, hint: str, detail: str) -> ValueError:
