@@ -237,6 +237,14 @@ def test_leaves_that_are_not_tensors(name):
         TypeError, match=rf"^{name} init: leaf 1 of params is a float; params must be a pytree of tensors"
     ):
         tx.init({"a": torch.randn(3), "b": [1.0]})
+    model = torch.nn.Linear(2, 1)
+    for given, kind in ((model, "Linear"), (model.parameters(), "generator")):
+        with pytest.raises(
+            TypeError,
+            match=rf"^{name} init: leaf 0 of params is a {kind}; params must be a pytree of tensors: "
+            r"for a module's, a dict or list of them, such as dict\(model\.named_parameters\(\)\)$",
+        ):
+            tx.init(given)
     params = {"a": torch.randn(3), "b": torch.randn(2)}
     with pytest.raises(TypeError, match=rf"^{name} update: the gradient of leaf 0 is a float; grads must be"):
         tx.update({"a": 0.5, "b": torch.randn(2)}, tx.init(params), params)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import numbers
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -214,10 +214,10 @@ class Algorithm:
                     column.append(None)
                 continue
             if not isinstance(p, Tensor):
-                raise TypeError(
-                    f"{self.name} init: leaf {i} of params is a {type(p).__name__}; "
-                    "params must be a pytree of tensors"
-                )
+                must = "params must be a pytree of tensors"
+                if isinstance(p, (torch.nn.Module, Iterator)):  # a model, or model.parameters()
+                    must += ": for a module's, a dict or list of them, such as dict(model.named_parameters())"
+                raise TypeError(f"{self.name} init: leaf {i} of params is a {type(p).__name__}; {must}")
             if not (p.is_floating_point() or p.is_complex()):
                 dtype = str(p.dtype).replace("torch.", "")
                 raise TypeError(
