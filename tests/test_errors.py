@@ -424,6 +424,21 @@ def test_apply_updates_with_mismatched_shape(shape):
     assert all(torch.equal(params[k], before[k]) for k in params)
 
 
+def test_optimizer_refuses_hyperparameters_a_built_transformation_never_reads():
+    """With a transformation already built, an lr given to fo.Optimizer would sit in the
+    param groups, and a scheduler would change it, with no effect on the steps: refused.
+    torch's switches, which the adapter reads, are fine."""
+    params = [torch.nn.Parameter(torch.randn(2))]
+    with pytest.raises(
+        TypeError,
+        match=r"^fo\.Optimizer got hyperparameters \(lr, betas\) with a transformation already built, "
+        r"which never reads them: pass a function that builds it from them instead, such as fo\.nadam",
+    ):
+        fo.Optimizer(params, fo.nadam(lr=0.1), lr=0.01, betas=(0.9, 0.99))
+    opt = fo.Optimizer(params, fo.nadam(lr=0.1), differentiable=False, foreach=None)
+    assert opt.param_groups[0]["differentiable"] is False
+
+
 def test_optimizer_rejects_non_transform():
     with pytest.raises(TypeError, match="GradientTransformation"):
         fo.Optimizer([torch.nn.Parameter(torch.randn(2))], 3)

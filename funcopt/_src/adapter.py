@@ -78,7 +78,8 @@ class Optimizer(torch.optim.Optimizer):
             hyperparameters (``fo.nadam``, or ``lambda lr: fo.chain(..., fo.nadam(lr))``).
         **defaults: the factory's hyperparameters. They become param-group entries, so
             groups may override them and lr schedulers can drive ``lr``. A factory is
-            called again at each step with each group's current values.
+            called again at each step with each group's current values. A transformation
+            already built reads none: it takes only torch's switches (``differentiable``).
 
     Example:
         >>> import torch, funcopt as fo
@@ -142,7 +143,16 @@ class Optimizer(torch.optim.Optimizer):
                 f"the class {transform.__name__}: pass a factory such as fo.adamax (with the "
                 "hyperparameters as keyword arguments), or use an optimizer class directly"
             )
-        elif not (isinstance(transform, GradientTransformation) or callable(transform)):
+        elif isinstance(transform, GradientTransformation):
+            unread = [name for name in defaults if name not in IMPLEMENTATION_FLAGS]
+            if unread:  # a scheduler would then change an lr that no step reads
+                raise TypeError(
+                    f"fo.Optimizer got hyperparameters ({', '.join(unread)}) with a transformation "
+                    "already built, which never reads them: pass a function that builds it from "
+                    "them instead, such as fo.nadam or lambda lr: fo.chain(..., fo.nadam(lr=lr)), "
+                    "so that param groups and lr schedulers set them"
+                )
+        elif not callable(transform):
             raise TypeError(
                 "transform must be a GradientTransformation or a function returning one, "
                 f"but got {type(transform).__name__}"
