@@ -242,7 +242,8 @@ def test_leaves_that_are_not_tensors(name):
         with pytest.raises(
             TypeError,
             match=rf"^{name} init: leaf 0 of params is a {kind}; params must be a pytree of tensors: "
-            r"for a module's, a dict or list of them, such as dict\(model\.named_parameters\(\)\)$",
+            r"for a module's, a dict or list of them, such as \{name: p\.detach\(\) for name, p in "
+            r"model\.named_parameters\(\)\}$",
         ):
             tx.init(given)
     params = {"a": torch.randn(3), "b": torch.randn(2)}

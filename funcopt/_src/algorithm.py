@@ -216,7 +216,10 @@ class Algorithm:
             if not isinstance(p, Tensor):
                 must = "params must be a pytree of tensors"
                 if isinstance(p, (torch.nn.Module, Iterator)):  # a model, or model.parameters()
-                    must += ": for a module's, a dict or list of them, such as dict(model.named_parameters())"
+                    must += (
+                        ": for a module's, a dict or list of them, such as "
+                        "{name: p.detach() for name, p in model.named_parameters()}"
+                    )
                 raise TypeError(f"{self.name} init: leaf {i} of params is a {type(p).__name__}; {must}")
             if not (p.is_floating_point() or p.is_complex()):
                 dtype = str(p.dtype).replace("torch.", "")
