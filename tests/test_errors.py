@@ -440,6 +440,18 @@ def test_optimizer_refuses_hyperparameters_a_built_transformation_never_reads():
     assert opt.param_groups[0]["differentiable"] is False
 
 
+def test_optimizer_checks_a_factorys_hyperparameters_at_construction():
+    """A factory is called once at construction, so a misspelled or out-of-range
+    hyperparameter fails there, as torch's classes fail, not at the first step."""
+    params = [torch.nn.Parameter(torch.randn(2))]
+    with pytest.raises(TypeError, match="got an unexpected keyword argument 'lrr'"):
+        fo.Optimizer(params, fo.nadam, lrr=0.1)
+    with pytest.raises(ValueError, match=r"^Invalid learning rate: -1\.0$"):
+        fo.Optimizer(params, lambda lr: fo.chain(fo.clip_by_global_norm(1.0), fo.nadam(lr=lr)), lr=-1.0)
+    with pytest.raises(TypeError, match="^fo.Optimizer, from the transform function: expected a Gradient"):
+        fo.Optimizer(params, lambda lr: lr, lr=0.1)
+
+
 def test_optimizer_rejects_non_transform():
     with pytest.raises(TypeError, match="GradientTransformation"):
         fo.Optimizer([torch.nn.Parameter(torch.randn(2))], 3)

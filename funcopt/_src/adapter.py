@@ -78,7 +78,8 @@ class Optimizer(torch.optim.Optimizer):
             hyperparameters (``fo.nadam``, or ``lambda lr: fo.chain(..., fo.nadam(lr))``).
         **defaults: the factory's hyperparameters. They become param-group entries, so
             groups may override them and lr schedulers can drive ``lr``. A factory is
-            called again at each step with each group's current values. A transformation
+            called again at each step with each group's current values (and once at
+            construction, so that a bad value fails there, as in torch). A transformation
             already built reads none: it takes only torch's switches (``differentiable``).
 
     Example:
@@ -157,6 +158,9 @@ class Optimizer(torch.optim.Optimizer):
                 "transform must be a GradientTransformation or a function returning one, "
                 f"but got {type(transform).__name__}"
             )
+        else:  # built once now, so that a bad or unknown hyperparameter fails here, as in torch
+            hyperparams = {name: v for name, v in defaults.items() if name not in IMPLEMENTATION_FLAGS}
+            check_transformation(transform(**hyperparams), "fo.Optimizer, from the transform function")
 
     # -- pickling and old checkpoints -----------------------------------------
 
