@@ -452,6 +452,15 @@ def test_optimizer_checks_a_factorys_hyperparameters_at_construction():
         fo.Optimizer(params, lambda lr: lr, lr=0.1)
 
 
+def test_inner_loop_refuses_a_batch_that_is_a_tensor():
+    """(x, y) for [(x, y)]: each tensor would be a batch, its rows unpacked as the loss's
+    arguments, which could even run on the wrong data (two rows, two arguments)."""
+    x, y = torch.ones(2, 3), torch.ones(2, 3)
+    with pytest.raises(TypeError, match=r"^inner_loop: each batch .* not \(x, y\)$"):
+        fo.inner_loop(lambda p, a, b: (p * a - b).pow(2).sum(), torch.ones(3), fo.adamax(), (x, y))
+    fo.inner_loop(lambda p, a, b: (p * a - b).pow(2).sum(), torch.ones(3), fo.adamax(), [(x, y)])
+
+
 def test_optimizer_rejects_non_transform():
     with pytest.raises(TypeError, match="GradientTransformation"):
         fo.Optimizer([torch.nn.Parameter(torch.randn(2))], 3)

@@ -71,6 +71,11 @@ def inner_loop(
     grad_and_loss = torch.func.grad_and_value(loss_fn)
     losses = []
     for batch in batches:
+        if isinstance(batch, Tensor):  # unpacked, its rows would pass as arguments
+            raise TypeError(
+                "inner_loop: each batch is a tuple of loss_fn's arguments after params, but got a "
+                "Tensor: pass a list of tuples, such as [(x, y)] * steps, not (x, y)"
+            )
         grads, loss = grad_and_loss(params, *batch)
         if first_order:
             grads = optree.tree_map(torch.Tensor.detach, grads)
