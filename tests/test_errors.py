@@ -313,7 +313,7 @@ def test_optimizer_transform_is_checked():
     with pytest.raises(TypeError, match="but got the class Adamax: pass a factory such as fo.adamax"):
         fo.Optimizer([p], fo.Adamax, lr=0.1)
     with pytest.raises(TypeError, match="^fo.Optimizer, from the transform function: expected a Gradient"):
-        fo.Optimizer([p], lambda lr: lr, lr=0.1).step()
+        fo.Optimizer([p], lambda lr: lr, lr=0.1)  # built at construction, so it fails there
 
 
 def test_optimizer_explains_a_labels_tree_by_param_names():
@@ -340,7 +340,7 @@ def test_optimizer_explains_a_labels_tree_by_param_names():
     def failing_init(params):
         raise ValueError("boom")
 
-    opt = fo.Optimizer(model.parameters(), fo.GradientTransformation(failing_init, None))
+    opt = fo.Optimizer(model.parameters(), fo.GradientTransformation(failing_init, fo.adamax().update))
     with pytest.raises(ValueError, match="^boom$"):
         opt.step()
 
@@ -448,8 +448,6 @@ def test_optimizer_checks_a_factorys_hyperparameters_at_construction():
         fo.Optimizer(params, fo.nadam, lrr=0.1)
     with pytest.raises(ValueError, match=r"^Invalid learning rate: -1\.0$"):
         fo.Optimizer(params, lambda lr: fo.chain(fo.clip_by_global_norm(1.0), fo.nadam(lr=lr)), lr=-1.0)
-    with pytest.raises(TypeError, match="^fo.Optimizer, from the transform function: expected a Gradient"):
-        fo.Optimizer(params, lambda lr: lr, lr=0.1)
 
 
 def test_inner_loop_refuses_a_batch_that_is_a_tensor():
