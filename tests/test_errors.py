@@ -462,6 +462,10 @@ def test_inner_loop_refuses_a_batch_that_is_a_tensor():
 def test_optimizer_rejects_non_transform():
     with pytest.raises(TypeError, match="GradientTransformation"):
         fo.Optimizer([torch.nn.Parameter(torch.randn(2))], 3)
+    with pytest.raises(
+        TypeError, match="^fo.Optimizer: expected a .*, got one whose update is a NoneType, not a"
+    ):
+        fo.Optimizer([torch.nn.Parameter(torch.randn(2))], fo.GradientTransformation(fo.adamax().init, None))
 
 
 def _stepped_optimizer(name, path, shapes=((200, 200), (5,))):

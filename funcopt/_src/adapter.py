@@ -145,6 +145,7 @@ class Optimizer(torch.optim.Optimizer):
                 "hyperparameters as keyword arguments), or use an optimizer class directly"
             )
         elif isinstance(transform, GradientTransformation):
+            check_transformation(transform, "fo.Optimizer")
             unread = [name for name in defaults if name not in IMPLEMENTATION_FLAGS]
             if unread:  # a scheduler would then change an lr that no step reads
                 raise TypeError(

@@ -230,6 +230,9 @@ def check_transformation(transform: Any, where: str) -> None:
         return
     if isinstance(transform, type):
         got = f"the class {transform.__name__}: pass a transformation, such as fo.adamax(lr=1e-3)"
+    elif hasattr(transform, "init") and hasattr(transform, "update"):
+        which = "update" if callable(transform.init) else "init"
+        got = f"one whose {which} is a {type(getattr(transform, which)).__name__}, not a function"
     elif callable(transform):
         name = getattr(transform, "__name__", "it")
         got = f"the function {name}: call it, {name}(...), to get one"
