@@ -237,6 +237,8 @@ def test_leaves_that_are_not_tensors(name):
         TypeError, match=rf"^{name} init: leaf 1 of params is a float; params must be a pytree of tensors"
     ):
         tx.init({"a": torch.randn(3), "b": [1.0]})
+    with pytest.raises(TypeError, match=rf"^{name} init: leaf 0 of params is an int; params must be"):
+        tx.init([1])
     model = torch.nn.Linear(2, 1)
     for given, kind in ((model, "Linear"), (model.parameters(), "generator")):
         with pytest.raises(

@@ -43,6 +43,7 @@ from .base import (
     Params,
     State,
     Updates,
+    a_kind,
     as_real,
     flatten_together,
     grouped_under_autograd,
@@ -220,7 +221,7 @@ class Algorithm:
                         ": for a module's, a dict or list of them, such as "
                         "{name: p.detach() for name, p in model.named_parameters()}"
                     )
-                raise TypeError(f"{self.name} init: leaf {i} of params is a {type(p).__name__}; {must}")
+                raise TypeError(f"{self.name} init: leaf {i} of params is {a_kind(p)}; {must}")
             if not (p.is_floating_point() or p.is_complex()):
                 dtype = str(p.dtype).replace("torch.", "")
                 raise TypeError(
@@ -311,7 +312,7 @@ class Algorithm:
                 continue
             if not isinstance(g, Tensor):
                 raise TypeError(
-                    f"{self.name} update: the gradient of leaf {i} is a {type(g).__name__}; "
+                    f"{self.name} update: the gradient of leaf {i} is {a_kind(g)}; "
                     "grads must be a pytree of tensors (None for a param to skip)"
                 )
             if g.is_sparse:

@@ -85,9 +85,7 @@ def flatten_together(
             # `tree` as a mere prefix of `other` (a tensor where `other` has a dict)
             wrong = next((x for x in column if x is not None and not isinstance(x, Tensor)), None)
             if wrong is not None:
-                raise _structure_error(
-                    names, j, hint, f"it has a {type(wrong).__name__} where a leaf belongs"
-                )
+                raise _structure_error(names, j, hint, f"it has {a_kind(wrong)} where a leaf belongs")
             columns.append(column)
         return columns, treedef.unflatten
     rows: list[tuple[Any, ...]] = []
@@ -98,6 +96,12 @@ def flatten_together(
         return optree.tree_map(lambda _: next(it), tree, none_is_leaf=True)
 
     return [[row[j] for row in rows] for j in range(1 + len(others))], unflatten
+
+
+def a_kind(value: Any) -> str:
+    """The type of `value` with its article, for messages: "a dict", "an int"."""
+    name = type(value).__name__
+    return f"{'an' if name[0].lower() in 'aeiou' else 'a'} {name}"
 
 
 def _list_or_tuple(tree: Any, other: Any) -> str:
@@ -232,7 +236,7 @@ def check_transformation(transform: Any, where: str) -> None:
         got = f"the class {transform.__name__}: pass a transformation, such as fo.adamax(lr=1e-3)"
     elif hasattr(transform, "init") and hasattr(transform, "update"):
         which = "update" if callable(transform.init) else "init"
-        got = f"one whose {which} is a {type(getattr(transform, which)).__name__}, not a function"
+        got = f"one whose {which} is {a_kind(getattr(transform, which))}, not a function"
     elif callable(transform):
         name = getattr(transform, "__name__", "it")
         got = f"the function {name}: call it, {name}(...), to get one"

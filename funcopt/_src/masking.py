@@ -12,7 +12,15 @@ from typing import Any, NamedTuple
 import optree
 import torch
 
-from .base import GradientTransformation, Params, State, Updates, _structure_error, check_transformation
+from .base import (
+    GradientTransformation,
+    Params,
+    State,
+    Updates,
+    _structure_error,
+    a_kind,
+    check_transformation,
+)
 
 Mask = Any | Callable[[Params], Any]
 """A pytree of bools with the structure of the params, or a function from the params
@@ -37,7 +45,7 @@ def _like(tree: Any, given: Any, who: str, what: str, leaves: str, kind: type | 
 
     def check(_: Any, x: Any) -> Any:
         if kind is not None and not isinstance(x, kind):
-            raise TypeError(f"{who}: {what} holds a {type(x).__name__} where a {kind.__name__} belongs")
+            raise TypeError(f"{who}: {what} holds {a_kind(x)} where a {kind.__name__} belongs")
         return x
 
     try:
