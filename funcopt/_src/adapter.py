@@ -59,6 +59,11 @@ _KEYED_BY_POSITION = (
 """The end of a structure error raised while a param's state is made."""
 
 
+def _hyperparams(source: dict[str, Any], names: Iterable[str]) -> Hyperparams:
+    """The values in `source` of the hyperparameters among `names` (not torch's switches)."""
+    return {name: source[name] for name in names if name not in IMPLEMENTATION_FLAGS}
+
+
 def _to_python(value: Any) -> Any:
     """Tensor hyperparameters as Python numbers, for the in-place fast path."""
     if isinstance(value, Tensor):
@@ -118,8 +123,8 @@ class Optimizer(torch.optim.Optimizer):
         transform: GradientTransformation | TransformFactory,
         **defaults: Any,
     ) -> None:
-        self._check_defaults(transform, defaults)
         self._transform = transform
+        self._check_transform(defaults)
         super().__init__(params, defaults)
         if defaults.get("fused"):
             if defaults.get("differentiable"):
@@ -134,8 +139,9 @@ class Optimizer(torch.optim.Optimizer):
                 for p in group["params"]:
                     self.state[p] = self._new_state(p, group)
 
-    @staticmethod
-    def _check_defaults(transform: Any, defaults: dict[str, Any]) -> None:
+    def _check_transform(self, defaults: dict[str, Any]) -> None:
+        transform: Any = self._transform
+        hyperparams = _hyperparams(defaults, defaults)
         if isinstance(transform, Algorithm):
             transform.check(defaults, tensors=True)
         elif isinstance(transform, type):
@@ -146,10 +152,9 @@ class Optimizer(torch.optim.Optimizer):
             )
         elif isinstance(transform, GradientTransformation):
             check_transformation(transform, "fo.Optimizer")
-            unread = [name for name in defaults if name not in IMPLEMENTATION_FLAGS]
-            if unread:  # a scheduler would then change an lr that no step reads
+            if hyperparams:  # a scheduler would then change an lr that no step reads
                 raise TypeError(
-                    f"fo.Optimizer got hyperparameters ({', '.join(unread)}) with a transformation "
+                    f"fo.Optimizer got hyperparameters ({', '.join(hyperparams)}) with a transformation "
                     "already built, which never reads them: pass a function that builds it from "
                     "them instead, such as fo.nadam or lambda lr: fo.chain(..., fo.nadam(lr=lr)), "
                     "so that param groups and lr schedulers set them"
@@ -160,8 +165,7 @@ class Optimizer(torch.optim.Optimizer):
                 f"but got {type(transform).__name__}"
             )
         else:  # built once now, so that a bad or unknown hyperparameter fails here, as in torch
-            hyperparams = {name: v for name, v in defaults.items() if name not in IMPLEMENTATION_FLAGS}
-            check_transformation(transform(**hyperparams), "fo.Optimizer, from the transform function")
+            self._make_transform(hyperparams)
 
     # -- pickling and old checkpoints -----------------------------------------
 
@@ -294,9 +298,6 @@ class Optimizer(torch.optim.Optimizer):
     def _on_device(group: dict[str, Any]) -> bool:
         return bool(group.get("capturable") or group.get("fused"))
 
-    def _hyperparams(self, source: dict[str, Any]) -> Hyperparams:
-        return {k: source[k] for k in self.defaults if k not in IMPLEMENTATION_FLAGS}
-
     def _make_transform(self, hyperparams: Hyperparams) -> GradientTransformation:
         if isinstance(self._transform, GradientTransformation):
             return self._transform
@@ -305,7 +306,7 @@ class Optimizer(torch.optim.Optimizer):
         return transform
 
     def _new_state(self, p: Tensor, group: dict[str, Any]) -> dict[str, Any]:
-        hyperparams = self._hyperparams(self.defaults)
+        hyperparams = _hyperparams(self.defaults, self.defaults)
         if isinstance(self._transform, Algorithm):
             return self._transform.torch_state(
                 p,
@@ -336,7 +337,7 @@ class Optimizer(torch.optim.Optimizer):
                 _check_fused(p, g)
         if group.get("capturable") and not torch.compiler.is_compiling():
             _check_capturable(params)
-        hyperparams = self._hyperparams(group)
+        hyperparams = _hyperparams(group, self.defaults)
         algorithm = self._transform if isinstance(self._transform, Algorithm) else None
         if algorithm is None:
             skipped = [self.state[p] for p in group["params"] if p.grad is None and self.state.get(p)]
