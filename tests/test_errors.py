@@ -308,12 +308,19 @@ def test_transformation_arguments_are_checked(combinator):
 
 
 def test_optimizer_transform_is_checked():
-    """fo.Optimizer refuses a class where a transformation or its factory belongs, and
-    a factory that returns something else, naming what it got."""
+    """fo.Optimizer refuses what is not a transformation or its factory (a class, a
+    number, a transformation whose update is not a function), and a factory that returns
+    something else, naming what it got."""
     p = torch.nn.Parameter(torch.ones(2))
     p.grad = torch.ones(2)
     with pytest.raises(TypeError, match="but got the class Adamax: pass a factory such as fo.adamax"):
         fo.Optimizer([p], fo.Adamax, lr=0.1)
+    with pytest.raises(TypeError, match="GradientTransformation"):
+        fo.Optimizer([p], 3)
+    with pytest.raises(
+        TypeError, match="^fo.Optimizer: expected a .*, got one whose update is a NoneType, not a"
+    ):
+        fo.Optimizer([p], fo.GradientTransformation(fo.adamax().init, None))
     with pytest.raises(TypeError, match="^fo.Optimizer, from the transform function: expected a Gradient"):
         fo.Optimizer([p], lambda lr: lr, lr=0.1)  # built at construction, so it fails there
 
@@ -459,15 +466,6 @@ def test_inner_loop_refuses_a_batch_that_is_a_tensor():
     with pytest.raises(TypeError, match=r"^inner_loop: each batch .* not \(x, y\)$"):
         fo.inner_loop(lambda p, a, b: (p * a - b).pow(2).sum(), torch.ones(3), fo.adamax(), (x, y))
     fo.inner_loop(lambda p, a, b: (p * a - b).pow(2).sum(), torch.ones(3), fo.adamax(), [(x, y)])
-
-
-def test_optimizer_rejects_non_transform():
-    with pytest.raises(TypeError, match="GradientTransformation"):
-        fo.Optimizer([torch.nn.Parameter(torch.randn(2))], 3)
-    with pytest.raises(
-        TypeError, match="^fo.Optimizer: expected a .*, got one whose update is a NoneType, not a"
-    ):
-        fo.Optimizer([torch.nn.Parameter(torch.randn(2))], fo.GradientTransformation(fo.adamax().init, None))
 
 
 def _stepped_optimizer(name, path, shapes=((200, 200), (5,))):
