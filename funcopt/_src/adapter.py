@@ -494,11 +494,7 @@ def _step_pure(
         hyperparams, read_params, grads, read_columns, capturable, written_back=True
     )
     # the new values are written into the state's own tensors (shaped as they are), in place
-    for olds, news in zip(columns, new_columns):
-        for old, new in zip(olds, news):
-            if new is not old:
-                _copy_into(old, new)
-    _add_updates(params, updates)
+    _write_back(params, states, zip(algorithm.fields, new_columns), updates)
 
 
 def _clone(value: Any) -> Any:
@@ -528,13 +524,8 @@ def _write_back(
     for name, values in columns:
         for state, value in zip(states, values):
             _assign(state, name, value)
-    _add_updates(params, updates)
-
-
-def _add_updates(params: list[Tensor], updates: Sequence[Tensor | None]) -> None:
-    """Add each update to its param, in place (None: a param the step skipped)."""
     for p, u in zip(params, updates):
-        if u is not None:
+        if u is not None:  # None: a param the step skipped
             p.add_(u)
 
 
