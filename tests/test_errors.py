@@ -529,3 +529,27 @@ def test_load_state_that_does_not_fit(name, path, source):
         opt.load_state_dict(other.state_dict())
     assert_same(_snapshot(opt, params), before)
     opt.step()  # still usable
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_load_state_dict_of_something_else(name, tmp_path):
+    """load_state_dict given something other than an optimizer's state_dict says what to
+    pass, and changes nothing: torch's class fails on ``.copy()`` of a path or of a
+    functional state, and with a bare KeyError on a model's state_dict or a checkpoint."""
+    opt, params = _stepped_optimizer(name, PATHS[0])
+    model = torch.nn.Linear(2, 1)
+    functional = factory(name)().init([p.detach() for p in params])
+    cases = [
+        (str(tmp_path / "optimizer.pt"), TypeError, "got the path .*optimizer.pt.*torch.load\\(path\\)"),
+        (functional, TypeError, f"got an? {name}State: a functional state .* docs/checkpoints.md"),
+        (3, TypeError, "state_dict\\(\\) returns, but got an int$"),
+        (model.state_dict(), KeyError, "no 'param_groups' entry.*'weight', 'bias'.*model's state_dict"),
+        ({"optimizer": opt.state_dict()}, KeyError, "no 'param_groups' entry.*'optimizer'.*whole checkpoint"),
+        ({"param_groups": opt.state_dict()["param_groups"]}, KeyError, "no 'state' entry"),
+    ]
+    before = _snapshot(opt, params)
+    for given, error, match in cases:
+        with pytest.raises(error, match=match):
+            opt.load_state_dict(given)
+        assert_same(_snapshot(opt, params), before)
+    opt.load_state_dict(opt.state_dict())  # what it takes still loads

@@ -25,7 +25,8 @@ torch.compile runs eagerly while it traces (as it does for torch.optim's classes
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable, Sequence
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import optree
@@ -35,7 +36,7 @@ from torch.optim.optimizer import ParamsT, _device_dtype_check_for_fused
 
 from . import inplace
 from .algorithm import Algorithm, Hyperparams, normalize, scalar_dtype
-from .base import GradientTransformation, as_real, check_transformation
+from .base import GradientTransformation, a_kind, as_real, check_transformation
 
 try:
     from torch.distributed.tensor import DTensor
@@ -168,6 +169,25 @@ class Optimizer(torch.optim.Optimizer):
             self._make_transform(hyperparams)
 
     # -- pickling and old checkpoints -----------------------------------------
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load what ``state_dict()`` returned (of this class, or of torch's class of the
+        same name), as torch.optim does; a wrong argument gets an error that says what to pass."""
+        if not isinstance(state_dict, Mapping):  # torch fails on .copy(), naming no cause
+            raise TypeError(
+                f"load_state_dict takes the dict that state_dict() returns, but got {_what(state_dict)}"
+            )
+        try:
+            super().load_state_dict(state_dict)
+        except KeyError as e:
+            key = e.args[0] if e.args else None
+            if key not in ("param_groups", "state") or key in state_dict:
+                raise
+            raise KeyError(
+                f"the dict given to load_state_dict has no {key!r} entry, which an optimizer's "
+                f"state_dict() has (its keys: {', '.join(map(repr, state_dict)) or 'none'}): pass the "
+                "optimizer's, not a model's state_dict or a whole checkpoint"
+            ) from None
 
     def __getstate__(self) -> dict[str, Any]:
         return {**super().__getstate__(), "_transform": self._transform}
@@ -582,6 +602,18 @@ def _slots(state: Any) -> tuple[list[tuple[str, bool, Any]], optree.PyTreeSpec]:
                     break
         out.append((".".join(parts), _is_per_param(leaf), leaf))
     return out, treedef
+
+
+def _what(value: Any) -> str:
+    """What load_state_dict got instead of a dict, and what to do."""
+    if isinstance(value, (str, os.PathLike)):
+        return f"the path {os.fspath(value)!r}: pass the dict saved there, torch.load(path)"
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a functional state
+        return (
+            f"{a_kind(value)}: a functional state becomes torch's per-param dicts by indexing "
+            "its fields (see 'The functional state' in docs/checkpoints.md)"
+        )
+    return a_kind(value)
 
 
 def _missing_entry(error: KeyError) -> KeyError:
