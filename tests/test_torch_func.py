@@ -569,6 +569,57 @@ def test_update_exports(name):
         assert_same((updates, list(exported_state)), (expected, list(eager_state)), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("mode", ["real", "fake", "symbolic"])
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_update_traces_with_make_fx(name, mode):
+    """make_fx (the tracer under torch.compile's and export's graphs, used directly by
+    graph-capture tools) traces update in each mode, at the first step, into a graph that
+    computes what eager does at later steps: the counters are not read in Python, which
+    made the real mode bake the first step's schedule in, and the others fail."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    params, x, y = problem(dtype=torch.float32)
+    tx = make(name, HYPER[name])
+    spec = optree.tree_structure((params, tx.init(params)))
+
+    def step(grads, *leaves):
+        params, state = optree.tree_unflatten(spec, list(leaves))
+        updates, state = tx.update(grads, state, params)
+        return updates, list(state)
+
+    grads = grad(loss_fn)(params, x, y)
+    traced = make_fx(step, tracing_mode=mode)(grads, *optree.tree_leaves((params, tx.init(params))))
+    traced_state = eager_state = tx.init(params)
+    for i in range(STEPS):
+        grads = grad(loss_fn)(params, x * (1 + i / 4), y)
+        updates, leaves = traced(grads, *optree.tree_leaves((params, traced_state)))
+        traced_state = type(eager_state)(*leaves)
+        expected, eager_state = tx.update(grads, eager_state, params)
+        assert_same((updates, leaves), (expected, list(eager_state)), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_update_under_a_fake_tensor_mode(name):
+    """Under a FakeTensorMode (shapes and memory estimated without computing), update of
+    a stepped state made fake gives tensors of the right shapes and dtypes: it reads no
+    counter value, which a fake tensor does not hold."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    params = {"w": torch.randn(4, 3), "b": torch.randn(3, dtype=F64)}
+    tx = make(name, HYPER[name])
+    _, state = tx.update(params, tx.init(params), params)
+    mode = FakeTensorMode()
+    fake_params, fake_state = optree.tree_map(mode.from_tensor, (params, state))
+    with mode:
+        updates, new_state = tx.update(optree.tree_map(torch.ones_like, fake_params), fake_state, fake_params)
+    assert {k: (u.shape, u.dtype) for k, u in updates.items()} == {
+        k: (p.shape, p.dtype) for k, p in params.items()
+    }
+    assert [(t.shape, t.dtype) for t in optree.tree_leaves(new_state)] == [
+        (t.shape, t.dtype) for t in optree.tree_leaves(state)
+    ]
+
+
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_compiled_vmapped_training_runs(name):
     """torch.compile over a whole vmapped sweep (gradient, update and apply_updates inside,

@@ -128,19 +128,32 @@ def _structure_error(names: Sequence[str], j: int, hint: str, detail: str) -> Va
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
+def tracer_active() -> bool:
+    """Inside a tracer that records ops on tensors (torch.compile, torch.export, make_fx,
+    torch.jit.trace) or a fake tensor mode: a value read in Python would become a
+    constant of the trace (the first step's schedule, replayed at every step), or cannot
+    be read at all."""
+    return (
+        torch.compiler.is_compiling()
+        or torch.jit.is_tracing()
+        or torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None
+        or torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
+    )
+
+
 def tracing() -> bool:
-    """Inside torch.compile or a torch.func transform: values must stay tensors."""
-    return torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None
+    """Inside a tracer (`tracer_active`) or a torch.func transform: values must stay tensors."""
+    return tracer_active() or torch._C._functorch.peek_interpreter_stack() is not None
 
 
 def readable(t: Tensor) -> bool:
-    """Whether Python may read the value of `t` (a step counter): not under
-    torch.compile, not on the meta device (which holds no values), and no autograd
+    """Whether Python may read the value of `t` (a step counter): not under a tracer
+    (`tracer_active`), not on the meta device (which holds no values), and no autograd
     graph records `t` and no torch.func transform wraps it.
     Inside a transform, a counter made outside it, or from constants, is not wrapped: a
     `vmap` over learning rates leaves the step count a plain tensor."""
     return not (
-        torch.compiler.is_compiling()
+        tracer_active()
         or t.is_meta
         or t.requires_grad
         or torch._C._functorch.is_functorch_wrapped_tensor(t)
