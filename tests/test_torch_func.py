@@ -4,6 +4,8 @@ checked in float64 against central finite differences."""
 
 from __future__ import annotations
 
+import warnings
+
 import optree
 import pytest
 import torch
@@ -569,33 +571,42 @@ def test_update_exports(name):
         assert_same((updates, list(exported_state)), (expected, list(eager_state)), rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("mode", ["real", "fake", "symbolic"])
+@pytest.mark.parametrize("mode", ["real", "fake", "symbolic", "jit.trace"])
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_update_traces_with_make_fx(name, mode):
     """make_fx (the tracer under torch.compile's and export's graphs, used directly by
-    graph-capture tools) traces update in each mode, at the first step, into a graph that
-    computes what eager does at later steps: the counters are not read in Python, which
-    made the real mode bake the first step's schedule in, and the others fail."""
+    graph-capture tools) in each mode, and torch.jit.trace, trace update at the first step
+    into a graph that computes what eager does at later steps: the counters are not read
+    in Python, which baked the first step's schedule in (make_fx's real mode and
+    jit.trace), or failed (the others)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     params, x, y = problem(dtype=torch.float32)
     tx = make(name, HYPER[name])
-    spec = optree.tree_structure((params, tx.init(params)))
+    spec = optree.tree_structure((params, params, tx.init(params)))  # grads, params, state
 
-    def step(grads, *leaves):
-        params, state = optree.tree_unflatten(spec, list(leaves))
-        updates, state = tx.update(grads, state, params)
-        return updates, list(state)
+    def step(*leaves):
+        grads, params, state = optree.tree_unflatten(spec, list(leaves))
+        return tuple(optree.tree_leaves(tx.update(grads, state, params)))
 
-    grads = grad(loss_fn)(params, x, y)
-    traced = make_fx(step, tracing_mode=mode)(grads, *optree.tree_leaves((params, tx.init(params))))
+    def leaves(grads, state):
+        return optree.tree_leaves((grads, params, state))
+
+    example = leaves(grad(loss_fn)(params, x, y), tx.init(params))
+    if mode == "jit.trace":
+        with warnings.catch_warnings():  # it warns of the shape checks, which hold in a trace
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            traced = torch.jit.trace(step, tuple(example), check_trace=False)
+    else:
+        traced = make_fx(step, tracing_mode=mode)(*example)
     traced_state = eager_state = tx.init(params)
     for i in range(STEPS):
         grads = grad(loss_fn)(params, x * (1 + i / 4), y)
-        updates, leaves = traced(grads, *optree.tree_leaves((params, traced_state)))
-        traced_state = type(eager_state)(*leaves)
+        updates, traced_state = optree.tree_unflatten(
+            optree.tree_structure((grads, eager_state)), list(traced(*leaves(grads, traced_state)))
+        )
         expected, eager_state = tx.update(grads, eager_state, params)
-        assert_same((updates, leaves), (expected, list(eager_state)), rtol=1e-6, atol=1e-7)
+        assert_same((updates, list(traced_state)), (expected, list(eager_state)), rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
