@@ -171,8 +171,9 @@ class Optimizer(torch.optim.Optimizer):
     # -- pickling and old checkpoints -----------------------------------------
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load what ``state_dict()`` returned (of this class, or of torch's class of the
-        same name), as torch.optim does; a wrong argument gets an error that says what to pass."""
+        """Load what ``state_dict()`` returned, as torch.optim does (for ``fo.NAdam`` and
+        the other algorithm classes, ``torch.optim.NAdam``'s too); a wrong argument gets an
+        error that says what to pass."""
         if not isinstance(state_dict, Mapping):  # torch fails on .copy(), naming no cause
             raise TypeError(
                 f"load_state_dict takes the dict that state_dict() returns, but got {_what(state_dict)}"

@@ -153,10 +153,7 @@ def readable(t: Tensor) -> bool:
     Inside a transform, a counter made outside it, or from constants, is not wrapped: a
     `vmap` over learning rates leaves the step count a plain tensor."""
     return not (
-        tracer_active()
-        or t.is_meta
-        or t.requires_grad
-        or torch._C._functorch.is_functorch_wrapped_tensor(t)
+        tracer_active() or t.is_meta or t.requires_grad or torch._C._functorch.is_functorch_wrapped_tensor(t)
     )
 
 
