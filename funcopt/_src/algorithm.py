@@ -10,8 +10,9 @@ An algorithm file (see ``nadam.py``) gives:
 - ``schedule(*counters, **hyperparams) -> (new_counters, coefficients)``: the
   per-step scalar math (bias corrections, momentum schedule). It is plain arithmetic,
   run on Python floats (in double precision, as torch), or on float64 0-d tensors
-  where the counters may not be read in Python (torch.compile, a capturable step, or
-  counters that a torch.func transform batches or differentiates; see `_schedule`).
+  where the counters may not be read in Python (torch.compile or another tracer, a
+  capturable step, or counters that a torch.func transform batches or differentiates;
+  see `_schedule`).
   The keyword ``counter_dtypes`` gives the counters' dtypes where they were read (else
   Nones), for a counter that torch updates by more than a count (see
   ``ops.counter_product``).
@@ -429,8 +430,8 @@ class Algorithm:
         """New counters (tensors of the old ones' dtype) and the step's coefficients,
         computed from the counters' values in Python doubles, as torch does, where they
         may be read (see `readable`: also under a torch.func transform that neither
-        batches nor differentiates them); else (torch.compile, a capturable step) from
-        float64 0-d tensors, which stay traceable and batchable.
+        batches nor differentiates them); else (under a tracer such as torch.compile, or
+        in a capturable step) from float64 0-d tensors, which stay traceable and batchable.
 
         Read values are looked up in `by_value` first: leaves whose counters are equal
         but not shared (a state moved with ``tree_map``) then get the same schedule,
