@@ -573,7 +573,7 @@ def test_update_exports(name):
 
 @pytest.mark.parametrize("mode", ["real", "fake", "symbolic", "jit.trace"])
 @pytest.mark.parametrize("name", ALGORITHMS)
-def test_update_traces_with_make_fx(name, mode):
+def test_update_traces_with_make_fx_or_jit_trace(name, mode):
     """make_fx (the tracer under torch.compile's and export's graphs, used directly by
     graph-capture tools) in each mode, and torch.jit.trace, trace update at the first step
     into a graph that computes what eager does at later steps: the counters are not read
