@@ -51,6 +51,7 @@ from .base import (
     readable,
     real_dtype,
     records,
+    tracer_active,
     untraced,
 )
 from .ops import Pure, PureForEach, TensorList, nonzero
@@ -285,8 +286,9 @@ class Algorithm:
         field (``columns[j][i]`` is field j of leaf i). Returns the updates and the new
         columns. The adapters call it directly, with no pytree to flatten.
 
-        `traceable` forces what torch.compile implies: the schedule stays in tensors and
-        no value is read on the host (a capturable step, which a CUDA graph may record).
+        `traceable` forces what any tracer (`tracer_active`: torch.compile, make_fx, ...)
+        implies: the schedule stays in tensors and no value is read on the host (a
+        capturable step, which a CUDA graph may record).
         `written_back` says that the caller writes the results into the params and the
         state in place (the adapters' pure step).
 
@@ -298,6 +300,7 @@ class Algorithm:
         save their inputs for the backward pass, which writing them in place would
         break (torch's differentiable optimizers use no foreach either).
         """
+        traceable = traceable or tracer_active()  # a property of the call, not of a tensor
         lists_ok = not traceable and untraced(hyperparams, g_leaves, p_leaves, *columns)
         eager = lists_ok and not records(g_leaves, p_leaves, *columns)
         new_columns = [list(column) for column in columns]

@@ -147,14 +147,12 @@ def tracing() -> bool:
 
 
 def readable(t: Tensor) -> bool:
-    """Whether Python may read the value of `t` (a step counter): not under a tracer
-    (`tracer_active`), not on the meta device (which holds no values), and no autograd
-    graph records `t` and no torch.func transform wraps it.
+    """Whether Python may read the value of `t` (a step counter), outside any tracer
+    (`tracer_active`, which the caller checks once): not on the meta device (which holds
+    no values), and no autograd graph records `t` and no torch.func transform wraps it.
     Inside a transform, a counter made outside it, or from constants, is not wrapped: a
     `vmap` over learning rates leaves the step count a plain tensor."""
-    return not (
-        tracer_active() or t.is_meta or t.requires_grad or torch._C._functorch.is_functorch_wrapped_tensor(t)
-    )
+    return not (t.is_meta or t.requires_grad or torch._C._functorch.is_functorch_wrapped_tensor(t))
 
 
 def untraced(hyperparams: dict[str, Any], *leaf_lists: Sequence[Any]) -> bool:
