@@ -589,18 +589,19 @@ def _is_per_param(x: Any) -> bool:
 def _slots(state: Any) -> tuple[list[tuple[str, bool, Any]], optree.PyTreeSpec]:
     """(name, per_param, leaf) for each slot of a state, and the state's structure with
     the slots as leaves. Names join the path's field names, indices and keys with '.',
-    so a lone algorithm's slots are torch's state keys."""
-    accessors, leaves, treedef = optree.tree_flatten_with_accessor(
-        state, is_leaf=_is_per_param, none_is_leaf=True
-    )
+    so a lone algorithm's slots are torch's state keys.
+
+    Paths, not optree's accessors: torch 2.10's compiler cannot trace the accessors
+    (a graph break in a compiled step)."""
+    paths, leaves, treedef = optree.tree_flatten_with_path(state, is_leaf=_is_per_param, none_is_leaf=True)
     out = []
-    for accessor, leaf in zip(accessors, leaves):
-        parts = []
-        for entry in accessor:
-            for attr in ("field", "name", "key", "index"):
-                if hasattr(entry, attr):
-                    parts.append(str(getattr(entry, attr)))
-                    break
+    for path, leaf in zip(paths, leaves):
+        parts, node = [], state
+        for entry in path:
+            # a NamedTuple's (or a torch.return_types') path holds indices: name the fields
+            fields = getattr(type(node), "__match_args__", None) if isinstance(node, tuple) else None
+            parts.append(str(fields[entry] if fields else entry))
+            node = node[entry] if isinstance(node, (tuple, list, dict)) else None
         out.append((".".join(parts), _is_per_param(leaf), leaf))
     return out, treedef
 
