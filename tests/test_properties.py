@@ -91,7 +91,10 @@ def test_random_configurations_match_torch(case):
     # functional path rounds the update, then params + update. Where large steps nearly
     # cancel (say Adamax with beta2=0, whose |g| + eps can be tiny), that second rounding
     # shows beyond assert_close's float32 default; torch's own table is checked at default
-    # tolerance in test_torch_parity.py.
+    # tolerance in test_torch_parity.py. Unseeded runs of 40,000 examples found NAdam
+    # cases beyond even this tolerance (2e-5 to 3e-5), all with beta2=0 and a weight decay
+    # that nearly cancels the gradient: there torch's own float32 step is as far from its
+    # float64 step, and which of the two lies closer varies.
     assert_matches_torch(name, kwargs, base, grad_steps, rtol=1e-5, atol=1e-5)
 
 
