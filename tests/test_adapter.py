@@ -711,7 +711,7 @@ def test_grad_scaler(name):
 
     *_, scale = twin(name, scenario)
     assert scale == 2.0**9 and hooks[fo_cls(name)] == (4 if flags else 3)
-    # torch 2.10's fused Adagrad left the scaling to the scaler, which skips the
+    # torch 2.10's and 2.11's fused Adagrad left the scaling to the scaler, which skips the
     # overflowing step: params and state agree, only the step count differs
     torch_fused = torch.optim.Adagrad([torch.zeros(1, requires_grad=True)], fused=True)
     if not flags or getattr(torch_fused, "_step_supports_amp_scaling", False):
@@ -770,7 +770,7 @@ def test_adagrad_fused_rejects_params_on_meta_as_torch():
         return str(error.value)
 
     expected = scenario(torch.optim.Adagrad)
-    if "'cuda'" not in expected:  # torch 2.10's Adagrad had no fused CUDA step; funcopt's has
+    if "'cuda'" not in expected:  # torch 2.10's and 2.11's Adagrad had no fused CUDA step
         with pytest.raises(RuntimeError) as error:
             _device_dtype_check_for_fused(torch.empty(1, device="meta"))
         expected = str(error.value)
