@@ -36,7 +36,7 @@ from torch.optim.optimizer import ParamsT, _device_dtype_check_for_fused
 
 from . import inplace
 from .algorithm import Algorithm, Hyperparams, normalize, scalar_dtype
-from .base import GradientTransformation, a_kind, as_real, check_transformation
+from .base import GradientTransformation, StructureError, a_kind, as_real, check_transformation
 
 try:
     from torch.distributed.tensor import DTensor
@@ -337,9 +337,7 @@ class Optimizer(torch.optim.Optimizer):
             )
         try:
             slots, _ = _slots(self._make_transform(hyperparams).init({"0": p}))
-        except ValueError as e:  # a mask or labels tree by param names, most likely
-            if "does not have the structure of" not in str(e):
-                raise
+        except StructureError as e:  # a mask or labels tree by param names, most likely
             raise ValueError(f"{e} {_KEYED_BY_POSITION}").with_traceback(e.__traceback__) from None
         # state shared by all params (a global step count, say) is the group's: a param
         # that joins the group's steps late takes the value the others hold

@@ -115,14 +115,18 @@ def _list_or_tuple(tree: Any, other: Any) -> str:
     )
 
 
-def _structure_error(names: Sequence[str], j: int, hint: str, detail: str) -> ValueError:
+class StructureError(ValueError):
+    """A tree that does not have the structure of another (see `_structure_error`)."""
+
+
+def _structure_error(names: Sequence[str], j: int, hint: str, detail: str) -> StructureError:
     where, _, first = (names[0] if names else "the first tree").rpartition(": ")
     name = names[j] if j < len(names) else f"tree {j}"
     detail = detail.split("; dict: ")[0].rstrip(".")  # optree goes on to print the dict, tensors and all
     if len(detail) > 300:
         detail = detail[:300] + " ..."
     where = f"{where}: " if where else ""
-    return ValueError(f"{where}{name} does not have the structure of {first} ({detail}). {hint}".strip())
+    return StructureError(f"{where}{name} does not have the structure of {first} ({detail}). {hint}".strip())
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
