@@ -344,24 +344,54 @@ def test_bit_for_bit_with_torch_over_many_steps(name, desc, kwargs, reload):
     dtype. With `reload`, the state goes through torch's ``load_state_dict`` onto
     float64 params, which casts mu_product (not step) to float64."""
 
-    def scenario(cls):
-        torch.manual_seed(0)
-        dtype = torch.float64 if reload else torch.float32
-        m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).to(dtype)
-        x, y = torch.randn(64, 8, dtype=dtype), torch.randn(64, 1, dtype=dtype)
-        options = {"lr": 0.01, **kwargs}
-        opt = cls(m.parameters(), **options)
-        for i in range(40):
-            if reload and i == 5:
-                sd = opt.state_dict()
-                opt = cls(m.parameters(), **options)
-                opt.load_state_dict(sd)
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(m(x), y).backward()
-            opt.step()
-        return [p.detach() for p in m.parameters()], opt.state_dict()["state"]
+    twin(name, lambda cls: amplifying_run(cls, {"lr": 0.01, **kwargs}, reload), rtol=0, atol=0)
 
-    twin(name, scenario, rtol=0, atol=0)
+
+def amplifying_run(cls, options, reload=False):
+    """The params and state after 40 steps of `cls(**options)` on a problem that
+    amplifies a 1-ulp difference; with `reload`, in float64, reloaded at step 5."""
+    torch.manual_seed(0)
+    dtype = torch.float64 if reload else torch.float32
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).to(dtype)
+    x, y = torch.randn(64, 8, dtype=dtype), torch.randn(64, 1, dtype=dtype)
+    opt = cls(m.parameters(), **options)
+    for i in range(40):
+        if reload and i == 5:
+            sd = opt.state_dict()
+            opt = cls(m.parameters(), **options)
+            opt.load_state_dict(sd)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(m(x), y).backward()
+        opt.step()
+    return [p.detach() for p in m.parameters()], opt.state_dict()["state"]
+
+
+TENSOR_HYPERPARAMS = [
+    ("Adadelta", dict(lr=0.37, weight_decay=0.1, rho=0.77)),
+    ("Adagrad", dict(lr=0.37, lr_decay=0.05, weight_decay=0.1)),
+    ("Adamax", dict(lr=0.37, betas=(0.3, 0.97), weight_decay=0.013)),
+    # 1 - lr * weight_decay, for these two, rounds otherwise in float32 than in doubles
+    ("NAdam", dict(lr=0.05, betas=(0.83, 0.97), weight_decay=0.37, decoupled_weight_decay=True)),
+    # mu_product *= mu rounds to float32 from float64 here (with float64 tensors)
+    ("NAdam", dict(lr=0.013, betas=(0.83, 0.97), weight_decay=0.013, momentum_decay=0.03)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name,options", TENSOR_HYPERPARAMS, ids=[n for n, _ in TENSOR_HYPERPARAMS])
+def test_tensor_hyperparameters_bit_for_bit_with_torch(name, options, dtype):
+    """Hyperparameters given as 0-d tensors (of the params' dtype, or float64 for
+    float32 params) step as torch's default step does, bit for bit: torch computes its
+    per-step scalars (lr over a bias correction, NAdam's momentum coefficients and
+    decoupled decay factor) in the tensors' dtype then, and so does the schedule."""
+    as_tensors = {
+        k: tuple(torch.tensor(b, dtype=dtype) for b in v)
+        if isinstance(v, tuple)
+        else torch.tensor(v, dtype=dtype)
+        for k, v in options.items()
+        if not isinstance(v, bool)
+    }
+    twin(name, lambda cls: amplifying_run(cls, {**options, **as_tensors}), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)

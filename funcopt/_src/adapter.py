@@ -9,8 +9,9 @@ Two ways to step a param group:
 
 - fast path, for the funcopt algorithms (`Algorithm`): in place, as torch's step.
   Per param the counters are read as Python floats, the algorithm's ``schedule``
-  runs in double precision, and its ``elementwise`` math runs with `InPlace` ops
-  (on the CPU) or `ForEach` ops (on GPUs).
+  runs in double precision (tensor hyperparameters stay tensors in it, as in torch's
+  step), and its ``elementwise`` math runs with `InPlace` ops (on the CPU) or
+  `ForEach` ops (on GPUs), given Python numbers.
 - pure path, for ``capturable``, ``differentiable`` or compiled steps of the funcopt
   algorithms: the algorithm's pure update runs on the group's lists of params, grads
   and state tensors (``Algorithm.update_leaves``, no pytree), then the new state is
@@ -368,7 +369,6 @@ class Optimizer(torch.optim.Optimizer):
             and not self.defaults.get("differentiable")
             and not torch.compiler.is_compiling()
         ):
-            hyperparams = {k: _to_python(v) for k, v in hyperparams.items()}
             _step_in_place(algorithm, hyperparams, params, grads, states)
         else:
             _step_pure(algorithm, hyperparams, params, grads, states, bool(group.get("capturable")))
@@ -438,8 +438,13 @@ def _step_in_place(
     """torch.optim's step, in place. Per param, the counters are read as Python floats
     and the schedule runs in double precision (once per distinct counter values); the
     elementwise math runs on segments on the CPU, and with foreach ops over each
-    group of params elsewhere (see ``inplace.py``)."""
+    group of params elsewhere (see ``inplace.py``). The schedule gets the hyperparameters
+    as given: torch's default step computes its coefficients from a tensor ``lr`` (or
+    betas) in tensor arithmetic, which rounds in the tensor's dtype, and so does the
+    schedule; the coefficients, then the hyperparameters, reach the ops as Python
+    numbers."""
     k = len(algorithm.counters)
+    given, hyperparams = hyperparams, {name: _to_python(v) for name, v in hyperparams.items()}
     schedules: dict[tuple[float, ...], Any] = {}  # counter values -> (new values, coefficients)
     counters: dict[tuple[float, ...], list[list[Tensor]]] = {}  # counter values -> their tensors
     chunks = inplace.Chunks(algorithm, hyperparams)  # small params on the CPU
@@ -456,7 +461,9 @@ def _step_in_place(
         rows.append((tensors, tuple([c.item() for c in tensors[:k]] + [c.dtype for c in tensors[:k]])))
     for p, g, (tensors, values) in zip(params, grads, rows):
         if values not in schedules:
-            schedules[values] = algorithm.schedule(*values[:k], counter_dtypes=values[k:], **hyperparams)
+            schedules[values] = _to_python(
+                algorithm.schedule(*values[:k], counter_dtypes=values[k:], **given)
+            )
             counters[values] = []
         counters[values].append(tensors[:k])
         coefficients = schedules[values][1]

@@ -8,8 +8,10 @@ An algorithm file (see ``nadam.py``) gives:
 - ``counters``: the fields holding 0-d per-param scalars (``step``, ``mu_product``).
   The other fields are buffers shaped like their param.
 - ``schedule(*counters, **hyperparams) -> (new_counters, coefficients)``: the
-  per-step scalar math (bias corrections, momentum schedule). It is plain arithmetic,
-  run on Python floats (in double precision, as torch), or on float64 0-d tensors
+  per-step scalar math (bias corrections, momentum schedule, products of
+  hyperparameters such as NAdam's ``1 - lr * weight_decay``). It is plain arithmetic,
+  run on Python floats (in double precision, as torch; tensor hyperparameters stay
+  tensors, as in torch's step, and round in their dtype), or on float64 0-d tensors
   where the counters may not be read in Python (torch.compile or another tracer, a
   capturable step, or counters that a torch.func transform batches or differentiates;
   see `_schedule`).

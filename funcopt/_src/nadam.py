@@ -48,9 +48,10 @@ def _schedule(
     lr: Coef,
     betas: tuple[Coef, Coef],
     momentum_decay: Coef,
+    weight_decay: Coef,
     counter_dtypes: tuple[Any, Any],
     **_: Any,
-) -> tuple[tuple[Coef, Coef], tuple[Coef, Coef, Coef]]:
+) -> tuple[tuple[Coef, Coef], tuple[Coef, Coef, Coef, Coef]]:
     beta1, beta2 = betas
     step = step + 1
     mu = _mu(beta1, momentum_decay, step)
@@ -59,7 +60,8 @@ def _schedule(
     bias_correction2 = 1 - power(beta2, step)
     grad_coef = -lr * (1.0 - mu) / (1.0 - mu_product)
     avg_coef = -lr * mu_next / (1.0 - mu_product * mu_next)
-    return (step, mu_product), (bias_correction2, grad_coef, avg_coef)
+    decay = 1 - lr * weight_decay  # for decoupled weight decay
+    return (step, mu_product), (bias_correction2, grad_coef, avg_coef, decay)
 
 
 def _elementwise(
@@ -69,9 +71,8 @@ def _elementwise(
     g: Tensor,
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
-    coefficients: tuple[Coef, Coef, Coef],
+    coefficients: tuple[Coef, Coef, Coef, Coef],
     *,
-    lr: Coef,
     betas: tuple[Coef, Coef],
     eps: Coef,
     weight_decay: Coef,
@@ -80,13 +81,13 @@ def _elementwise(
     eps_root: Coef = 0.0,
     **_: Any,
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    bias_correction2, grad_coef, avg_coef = coefficients
+    bias_correction2, grad_coef, avg_coef, decay = coefficients
     beta1, beta2 = betas
     if maximize:
         g = o.neg(g)
     if nonzero(weight_decay):
         if decoupled_weight_decay:
-            out = o.decay_(out, p, 1 - lr * weight_decay)
+            out = o.decay_(out, p, decay)
         else:
             g = o.add(g, p, alpha=weight_decay)
     exp_avg = o.lerp_(exp_avg, g, 1 - beta1)

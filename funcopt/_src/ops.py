@@ -73,10 +73,14 @@ def counter_product(counter: Coef, factor: Coef, dtype: torch.dtype | None) -> C
     it, in place in the counter tensor (NAdam's ``mu_product *= mu``): in the counter's
     `dtype`, float32 by default, so that the product, and the coefficients torch then
     reads back from it, round as torch's do. `dtype` is None where the counters are
-    float64 tensors (traced), and a tensor factor keeps its graph: the product is then
-    plain."""
-    if dtype is None or isinstance(counter, Tensor) or isinstance(factor, Tensor):
+    float64 tensors (traced): the product is then plain. A tensor factor (from a tensor
+    hyperparameter) keeps its graph, and the rounded product is carried in the wider of
+    the two dtypes, in which torch's arithmetic on the value it reads back is exact."""
+    if dtype is None or isinstance(counter, Tensor):
         return counter * factor
+    if isinstance(factor, Tensor):
+        product = (torch.tensor(counter, dtype=dtype) * factor).to(dtype)
+        return product.to(torch.promote_types(dtype, factor.dtype))
     return torch.tensor(counter, dtype=dtype).mul_(factor).item()
 
 
