@@ -116,6 +116,19 @@ def layout(size, kind, dtype, gen):
     return torch.randn(size, generator=gen, dtype=dtype)
 
 
+def tensor_hyperparameters(kwargs, dtype):
+    """`kwargs` with lr, betas and weight_decay as 0-d tensors of `dtype` (if not None).
+    float32 tensors for float64 params are not bit for bit: torch's step then rounds
+    1 - beta2 to float32 (for beta2 < 0.5), where funcopt's keeps it in double."""
+    if dtype is None:
+        return kwargs
+    tensor = lambda v: torch.tensor(v, dtype=dtype)  # noqa: E731
+    out = {**kwargs, "lr": tensor(kwargs["lr"]), "weight_decay": tensor(kwargs["weight_decay"])}
+    if "betas" in kwargs:
+        out["betas"] = tuple(map(tensor, kwargs["betas"]))
+    return out
+
+
 @st.composite
 def adapter_cases(draw):
     name = draw(st.sampled_from(ALGORITHMS))
@@ -132,6 +145,14 @@ def adapter_cases(draw):
             max_size=6,
         )
     )
+    # a group's lr, betas and weight decay as Python numbers or as 0-d tensors, of a
+    # dtype at least as wide as its params' (see tensor_hyperparameters)
+    for i, kw in enumerate(groups):
+        dtype = draw(st.sampled_from([None, torch.float32, torch.float64]))
+        for _, _, param_dtype, group in params:
+            if dtype is not None and group == i:
+                dtype = torch.promote_types(dtype, param_dtype)
+        groups[i] = tensor_hyperparameters(kw, dtype)
     steps = draw(st.integers(2, 5))
     # per step and param: a contiguous gradient, one laid out as its param, a strided one,
     # or None
@@ -162,8 +183,9 @@ def adapter_cases(draw):
 )
 def test_adapter_layouts_groups_and_reloads_match_torch_bit_for_bit(case):
     """The torch classes, on params of every size class, layout and dtype, in several
-    groups, with gradients of any layout or None, and a state_dict reload midway, give
-    torch's default step bit for bit (foreach or not)."""
+    groups (hyperparameters as numbers or tensors), with gradients of any layout or None,
+    and a state_dict reload midway, give torch's default step bit for bit (foreach or
+    not)."""
     name, groups, specs, grads, reload_after, foreach, seed = case
     gen = torch.Generator().manual_seed(seed)
     base = [layout(size, kind, dtype, gen) for size, kind, dtype, _ in specs]

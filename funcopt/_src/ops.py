@@ -41,6 +41,9 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
+
+from .base import readable
 
 Coef = Any
 """A coefficient: a Python number, or a 0-d tensor (with `Pure`)."""
@@ -73,15 +76,16 @@ def counter_product(counter: Coef, factor: Coef, dtype: torch.dtype | None) -> C
     it, in place in the counter tensor (NAdam's ``mu_product *= mu``): in the counter's
     `dtype`, float32 by default, so that the product, and the coefficients torch then
     reads back from it, round as torch's do. `dtype` is None where the counters are
-    float64 tensors (traced): the product is then plain. A tensor factor (from a tensor
-    hyperparameter) keeps its graph, and the rounded product is carried in the wider of
-    the two dtypes, in which torch's arithmetic on the value it reads back is exact."""
+    float64 tensors (traced), and a tensor factor that autograd, forward-mode AD or a
+    torch.func transform records keeps its graph: the product is then plain. A factor
+    from a plain tensor hyperparameter is multiplied in as torch does, in place."""
     if dtype is None or isinstance(counter, Tensor):
         return counter * factor
-    if isinstance(factor, Tensor):
-        product = (torch.tensor(counter, dtype=dtype) * factor).to(dtype)
-        return product.to(torch.promote_types(dtype, factor.dtype))
-    return torch.tensor(counter, dtype=dtype).mul_(factor).item()
+    if not isinstance(factor, Tensor):
+        return torch.tensor(counter, dtype=dtype).mul_(factor).item()
+    if not readable(factor) or forward_ad._current_level >= 0:
+        return counter * factor
+    return torch.tensor(counter, dtype=dtype, device=factor.device).mul_(factor).item()
 
 
 class Fresh(NamedTuple):
