@@ -370,7 +370,7 @@ TENSOR_HYPERPARAMS = [
     ("Adadelta", dict(lr=0.37, weight_decay=0.1, rho=0.77)),
     ("Adagrad", dict(lr=0.37, lr_decay=0.05, weight_decay=0.1)),
     ("Adamax", dict(lr=0.37, betas=(0.3, 0.97), weight_decay=0.013)),
-    # 1 - lr * weight_decay, for these two, rounds otherwise in float32 than in doubles
+    # with these values, 1 - lr * weight_decay rounds differently in float32 than in doubles
     ("NAdam", dict(lr=0.05, betas=(0.83, 0.97), weight_decay=0.37, decoupled_weight_decay=True)),
     # mu_product *= mu rounds to float32 from float64 here (with float64 tensors)
     ("NAdam", dict(lr=0.013, betas=(0.83, 0.97), weight_decay=0.013, momentum_decay=0.03)),

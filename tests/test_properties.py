@@ -119,7 +119,8 @@ def layout(size, kind, dtype, gen):
 def tensor_hyperparameters(kwargs, dtype):
     """`kwargs` with lr, betas and weight_decay as 0-d tensors of `dtype` (if not None).
     float32 tensors for float64 params are not bit for bit: torch's step then rounds
-    1 - beta2 to float32 (for beta2 < 0.5), where funcopt's keeps it in double."""
+    1 - beta2 and the like to float32 (for a beta below 0.5), where funcopt's keeps them
+    in double."""
     if dtype is None:
         return kwargs
     tensor = lambda v: torch.tensor(v, dtype=dtype)  # noqa: E731
