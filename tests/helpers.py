@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -69,6 +70,20 @@ def kwargs_of(hp: dict[str, Any]) -> dict[str, Any]:
     if "beta1" in hp:
         hp["betas"] = (hp.pop("beta1"), hp.pop("beta2"))
     return hp
+
+
+def as_tensors(
+    kwargs: dict[str, Any], dtype: torch.dtype, names: Collection[str] | None = None
+) -> dict[str, Any]:
+    """`kwargs` with the hyperparameters among `names` (default: all but the boolean
+    flags) as 0-d tensors of `dtype`; a pair, such as betas, as a tuple of two."""
+    if names is None:
+        names = [k for k, v in kwargs.items() if not isinstance(v, bool)]
+    tensor = lambda v: torch.tensor(v, dtype=dtype)  # noqa: E731
+    return {
+        k: v if k not in names else tuple(map(tensor, v)) if isinstance(v, tuple) else tensor(v)
+        for k, v in kwargs.items()
+    }
 
 
 def make(name: str, hp: dict[str, Any] | None = None) -> fo.GradientTransformation:

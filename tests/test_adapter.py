@@ -14,6 +14,7 @@ import torch
 from helpers import (
     ALGORITHMS,
     HYPER,
+    as_tensors,
     assert_same,
     fo_cls,
     hypergradients_both_ways,
@@ -384,14 +385,7 @@ def test_tensor_hyperparameters_bit_for_bit_with_torch(name, options, dtype):
     float32 params) step as torch's default step does, bit for bit: torch computes its
     per-step scalars (lr over a bias correction, NAdam's momentum coefficients and
     decoupled decay factor) in the tensors' dtype then, and so does the schedule."""
-    as_tensors = {
-        k: tuple(torch.tensor(b, dtype=dtype) for b in v)
-        if isinstance(v, tuple)
-        else torch.tensor(v, dtype=dtype)
-        for k, v in options.items()
-        if not isinstance(v, bool)
-    }
-    twin(name, lambda cls: amplifying_run(cls, {**options, **as_tensors}), rtol=0, atol=0)
+    twin(name, lambda cls: amplifying_run(cls, as_tensors(options, dtype)), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)

@@ -12,6 +12,7 @@ import torch
 from helpers import (
     ALGORITHMS,
     HYPER,
+    as_tensors,
     assert_same,
     factory,
     hypergradients_both_ways,
@@ -91,11 +92,7 @@ def test_tensor_hyperparameters_equal_floats(name, tensor_dtype):
     """0-d tensor hyperparameters give the float result, and never promote: a float32
     param with float64 hyperparameters keeps float32 updates and state."""
     params, grads = params_and_grads()
-    as_tensor = lambda v: torch.tensor(v, dtype=tensor_dtype)  # noqa: E731
-    tensors = {
-        k: tuple(as_tensor(x) for x in v) if isinstance(v, tuple) else as_tensor(v)
-        for k, v in kwargs_of(HYPER[name]).items()
-    }
+    tensors = as_tensors(kwargs_of(HYPER[name]), tensor_dtype)
     expected, expected_state = run(make(name), params, grads)
     actual, actual_state = run(factory(name)(**tensors), params, grads)
     assert_same(actual, expected)

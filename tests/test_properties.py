@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 
 import torch
-from helpers import ALGORITHMS, assert_matches_torch, assert_same, fo_cls, torch_cls
+from helpers import ALGORITHMS, as_tensors, assert_matches_torch, assert_same, fo_cls, torch_cls
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -121,13 +121,7 @@ def tensor_hyperparameters(kwargs, dtype):
     float32 tensors for float64 params are not bit for bit: torch's step then rounds
     1 - beta2 and the like to float32 (for a beta below 0.5), where funcopt's keeps them
     in double."""
-    if dtype is None:
-        return kwargs
-    tensor = lambda v: torch.tensor(v, dtype=dtype)  # noqa: E731
-    out = {**kwargs, "lr": tensor(kwargs["lr"]), "weight_decay": tensor(kwargs["weight_decay"])}
-    if "betas" in kwargs:
-        out["betas"] = tuple(map(tensor, kwargs["betas"]))
-    return out
+    return kwargs if dtype is None else as_tensors(kwargs, dtype, ("lr", "betas", "weight_decay"))
 
 
 @st.composite
