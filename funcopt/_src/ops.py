@@ -81,11 +81,10 @@ def counter_product(counter: Coef, factor: Coef, dtype: torch.dtype | None) -> C
     from a plain tensor hyperparameter is multiplied in as torch does, in place."""
     if dtype is None or isinstance(counter, Tensor):
         return counter * factor
-    if not isinstance(factor, Tensor):
-        return torch.tensor(counter, dtype=dtype).mul_(factor).item()
-    if not readable(factor) or forward_ad._current_level >= 0:
+    if isinstance(factor, Tensor) and (not readable(factor) or forward_ad._current_level >= 0):
         return counter * factor
-    return torch.tensor(counter, dtype=dtype, device=factor.device).mul_(factor).item()
+    device = factor.device if isinstance(factor, Tensor) else None
+    return torch.tensor(counter, dtype=dtype, device=device).mul_(factor).item()
 
 
 class Fresh(NamedTuple):
