@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import math
 import re
@@ -230,6 +231,11 @@ def test_update_with_tensors_on_different_devices(name):
         tx.update({"a": torch.randn(3), "b": torch.randn(2)}, moved, params)
 
 
+@dataclasses.dataclass
+class Box:  # a container of the user's that optree does not flatten
+    w: torch.Tensor
+
+
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_leaves_that_are_not_tensors(name):
     tx = factory(name)()
@@ -248,6 +254,13 @@ def test_leaves_that_are_not_tensors(name):
             r"model\.named_parameters\(\)\}$",
         ):
             tx.init(given)
+    with pytest.raises(  # a container class optree does not flatten (without a namespace) is a leaf
+        TypeError,
+        match=rf"^{name} init: leaf 0 of params is a Box; params must be a pytree of tensors, and its "
+        r"containers are those optree flattens without a namespace \(dict, list, tuple, NamedTuple, "
+        r"OrderedDict, \.\.\.\): pass this object's tensors in a dict$",
+    ):
+        tx.init(Box(torch.randn(3)))
     params = {"a": torch.randn(3), "b": torch.randn(2)}
     with pytest.raises(TypeError, match=rf"^{name} update: the gradient of leaf 0 is a float; grads must be"):
         tx.update({"a": 0.5, "b": torch.randn(2)}, tx.init(params), params)

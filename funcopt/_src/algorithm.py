@@ -225,6 +225,11 @@ class Algorithm:
                         ": for a module's, a dict or list of them, such as "
                         "{name: p.detach() for name, p in model.named_parameters()}"
                     )
+                elif hasattr(p, "__dict__"):  # an object of a class of the user's (a dataclass, ...)
+                    must += (
+                        ", and its containers are those optree flattens without a namespace (dict, "
+                        "list, tuple, NamedTuple, OrderedDict, ...): pass this object's tensors in a dict"
+                    )
                 raise TypeError(f"{self.name} init: leaf {i} of params is {a_kind(p)}; {must}")
             if not (p.is_floating_point() or p.is_complex()):
                 dtype = str(p.dtype).replace("torch.", "")
