@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import io
@@ -546,6 +547,45 @@ def test_default_dtype_float64(name):
 
         _, sd = twin(name, scenario)
         assert sd["state"][0]["step"].dtype == torch.float64
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_steps_under_another_default_device(name):
+    """Steps taken while another device is the default (``torch.set_default_device``, or
+    ``with torch.device(...)``) equal plain ones, for the class and the functional update:
+    funcopt makes its host scalars on the CPU, not on the default device (on a GPU that
+    would cost a copy and a sync per step). Here that device is meta, which holds no
+    values, where torch 2.13's Adagrad, Adamax and NAdam steps fail."""
+
+    def scenario(default_device):
+        m = model()
+        opt = fo_cls(name)(m.parameters(), weight_decay=0.1)
+        x, y = data()
+        tx = make(name, {"weight_decay": 0.1})
+        params = {k: v.detach().clone() for k, v in m.named_parameters()}
+        state = tx.init(params)
+        for _ in range(3):
+            opt.zero_grad()
+            loss_fn(m, x, y).backward()
+            grads = {k: v.grad.clone() for k, v in m.named_parameters()}
+            with default_device:
+                opt.step()
+                updates, state = tx.update(grads, state, params)
+                params = fo.apply_updates(params, updates)
+        checkpoint = copy.deepcopy(opt.state_dict())  # with the counters as numbers, loaded there
+        for p_state in checkpoint["state"].values():
+            for key in ("step", "mu_product"):
+                if key in p_state:
+                    p_state[key] = p_state[key].item()
+        with default_device:
+            opt.load_state_dict(checkpoint)
+        opt.zero_grad()
+        loss_fn(m, x, y).backward()
+        with default_device:
+            opt.step()
+        return list(m.parameters()), opt.state_dict(), params, state
+
+    assert_same(scenario(torch.device("meta")), scenario(contextlib.nullcontext()))
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)

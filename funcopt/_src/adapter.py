@@ -218,7 +218,7 @@ class Optimizer(torch.optim.Optimizer):
                         p_state[key] = torch.tensor(
                             float(p_state[key]),
                             dtype=scalar_dtype(group.get("fused") or False),
-                            device=p.device if self._on_device(group) else None,
+                            device=p.device if self._on_device(group) else "cpu",
                         )
 
     def _check_loaded(self, groups: list[dict[str, Any]], states: dict[Tensor, dict[str, Any]]) -> None:
@@ -496,7 +496,9 @@ def _step_in_place(
     for values, (new_values, _) in schedules.items():
         for j, value in enumerate(new_values):
             column = [c[j] for c in counters[values]]
-            torch._foreach_copy_(column, [torch.tensor(value, dtype=torch.float64)] * len(column))
+            torch._foreach_copy_(
+                column, [torch.tensor(value, dtype=torch.float64, device="cpu")] * len(column)
+            )
 
 
 def _step_pure(

@@ -83,7 +83,7 @@ def counter_product(counter: Coef, factor: Coef, dtype: torch.dtype | None) -> C
         return counter * factor
     if isinstance(factor, Tensor) and (not readable(factor) or forward_ad._current_level >= 0):
         return counter * factor
-    device = factor.device if isinstance(factor, Tensor) else None
+    device = factor.device if isinstance(factor, Tensor) else "cpu"
     return torch.tensor(counter, dtype=dtype, device=device).mul_(factor).item()
 
 
