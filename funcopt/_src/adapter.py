@@ -36,7 +36,7 @@ from torch import Tensor
 from torch.optim.optimizer import ParamsT, _device_dtype_check_for_fused
 
 from . import inplace
-from .algorithm import Algorithm, Hyperparams, normalize, scalar_dtype
+from .algorithm import Algorithm, Hyperparams, normalize, torch_counter
 from .base import GradientTransformation, StructureError, a_kind, as_real, check_transformation
 
 try:
@@ -215,10 +215,8 @@ class Optimizer(torch.optim.Optimizer):
                 p_state = self.state.get(p, {})
                 for key in algorithm.counters:
                     if key in p_state and not torch.is_tensor(p_state[key]):
-                        p_state[key] = torch.tensor(
-                            float(p_state[key]),
-                            dtype=scalar_dtype(group.get("fused") or False),
-                            device=p.device if self._on_device(group) else "cpu",
+                        p_state[key] = torch_counter(
+                            p_state[key], p, on_device=self._on_device(group), fused=bool(group.get("fused"))
                         )
 
     def _check_loaded(self, groups: list[dict[str, Any]], states: dict[Tensor, dict[str, Any]]) -> None:

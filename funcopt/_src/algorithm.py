@@ -111,6 +111,13 @@ def scalar_dtype(fused: bool = False) -> torch.dtype:
     return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
 
 
+def torch_counter(value: Any, p: Tensor, *, on_device: bool, fused: bool) -> Tensor:
+    """A param's counter (step, mu_product) as torch.optim holds it: a 0-d tensor of
+    `scalar_dtype`, on the CPU (on the param's device if capturable or fused), also where
+    another device is the default."""
+    return torch.tensor(float(value), dtype=scalar_dtype(fused), device=p.device if on_device else "cpu")
+
+
 def full_like(p: Tensor, value: Any) -> Tensor:
     """A buffer like `p` filled with `value`; complex params get ``value + value*1j``,
     as torch.optim's Adagrad does."""
@@ -510,9 +517,8 @@ class Algorithm:
         (on the param's device if capturable or fused), buffers are shaped like `p`."""
         initial = self.initial(**hyperparams)
         k = len(self.counters)
-        device = p.device if on_device else torch.device("cpu")
         state = {
-            name: torch.tensor(float(v), dtype=scalar_dtype(fused), device=device)
+            name: torch_counter(v, p, on_device=on_device, fused=fused)
             for name, v in zip(self.fields[:k], initial[:k])
         }
         for name, v in zip(self.fields[k:], initial[k:]):
