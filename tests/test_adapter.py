@@ -492,6 +492,17 @@ def test_state_dict_deterministic_and_copies(name):
     assert_same(p, p2)
 
 
+def with_number_counters(state_dict):
+    """A copy of `state_dict` with its counters (step, mu_product) as Python numbers, as
+    older checkpoints hold them."""
+    out = copy.deepcopy(state_dict)
+    for p_state in out["state"].values():
+        for key in ("step", "mu_product"):
+            if key in p_state:
+                p_state[key] = p_state[key].item()
+    return out
+
+
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_load_older_state_dicts(name):
     """Checkpoints without the newer flags, or with Python-number steps, still load and
@@ -501,14 +512,10 @@ def test_load_older_state_dicts(name):
         m = model()
         opt = cls(m.parameters(), lr=0.01)
         train(opt, m, steps=3)
-        old = copy.deepcopy(opt.state_dict())
+        old = with_number_counters(opt.state_dict())
         for group in old["param_groups"]:
             for flag in ("maximize", "foreach", "fused", "differentiable", "capturable"):
                 group.pop(flag, None)
-        for p_state in old["state"].values():
-            for key in ("step", "mu_product"):
-                if key in p_state:
-                    p_state[key] = p_state[key].item()
         opt.load_state_dict(old)
         train(opt, m, steps=2)
         return opt.state_dict(), list(m.parameters())
@@ -572,13 +579,8 @@ def test_steps_under_another_default_device(name):
                 opt.step()
                 updates, state = tx.update(grads, state, params)
                 params = fo.apply_updates(params, updates)
-        checkpoint = copy.deepcopy(opt.state_dict())  # with the counters as numbers, loaded there
-        for p_state in checkpoint["state"].values():
-            for key in ("step", "mu_product"):
-                if key in p_state:
-                    p_state[key] = p_state[key].item()
-        with default_device:
-            opt.load_state_dict(checkpoint)
+        with default_device:  # counters saved as numbers become tensors there
+            opt.load_state_dict(with_number_counters(opt.state_dict()))
         opt.zero_grad()
         loss_fn(m, x, y).backward()
         with default_device:
