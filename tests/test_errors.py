@@ -517,6 +517,36 @@ def test_state_without_an_entry(name, path):
     assert_same(_snapshot(opt, params), before)
 
 
+@pytest.mark.parametrize("stale_grad", [False, True])
+@pytest.mark.parametrize("path", PATHS[:2])
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_param_resized_after_a_step(name, path, stale_grad):
+    """A param replaced after a step by one of another shape (``p.data = ...``) raises
+    at the next step, naming the shapes, before any param or state changes; clearing its
+    state starts it afresh. torch's step fails on broadcasting after changing some
+    state; funcopt's stepped silently where the size stayed the same ((5,) to (1, 5),
+    (200, 200) to (400, 100))."""
+    opt, params = _stepped_optimizer(name, path)
+    for p, shape in zip(params, [(400, 100), (1, 5)]):
+        p.data = torch.randn(shape)
+        if not stale_grad:
+            p.grad = torch.randn(shape)
+    before = _snapshot(opt, params)
+    match = (
+        r"a param of shape \(400, 100\) has (a gradient of shape \(200, 200\), )?\w+ of shape \(200, 200\)"
+    )
+    with pytest.raises(ValueError, match=match + r".*`del optimizer.state\[param\]`"):
+        opt.step()
+    assert_same(_snapshot(opt, params), before)
+    for p in params:
+        del opt.state[p]
+        p.grad = torch.randn_like(p)
+    opt.step()
+    for p in params:
+        buffers = [t for t in opt.state[p].values() if t.dim()]
+        assert buffers and all(t.shape == p.shape for t in buffers)
+
+
 OTHER = {name: ALGORITHMS[(i + 1) % len(ALGORITHMS)] for i, name in enumerate(ALGORITHMS)}
 
 

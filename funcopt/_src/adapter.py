@@ -448,13 +448,14 @@ def _step_in_place(
     chunks = inplace.Chunks(algorithm, hyperparams)  # small params on the CPU
     lists: dict[Any, list[list[Tensor]]] = {}  # (values, dtype, device) -> tensors (GPUs)
     rows = []  # every check comes before any param changes
-    for g, state in zip(grads, states):
+    for p, g, state in zip(params, grads, states):
         if g.is_sparse:
             algorithm.check_sparse_grad(hyperparams)
         try:
             tensors = [state[name] for name in algorithm.fields]
         except KeyError as e:
             raise _missing_entry(e) from None
+        _check_shapes(algorithm, p, g, tensors[k:])
         # the counters' values, then their dtypes (torch updates a counter in its dtype)
         rows.append((tensors, tuple([c.item() for c in tensors[:k]] + [c.dtype for c in tensors[:k]])))
     for p, g, (tensors, values) in zip(params, grads, rows):
@@ -515,6 +516,9 @@ def _step_pure(
         columns = [[state[name] for state in states] for name in algorithm.fields]
     except KeyError as e:
         raise _missing_entry(e) from None
+    k = len(algorithm.counters)
+    for i, (p, g) in enumerate(zip(params, grads)):
+        _check_shapes(algorithm, p, g, [column[i] for column in columns[k:]])
     read_params, read_columns = _copies_for_autograd((params, columns))
     updates, new_columns = algorithm.update_leaves(
         hyperparams, read_params, grads, read_columns, capturable, written_back=True
@@ -630,6 +634,31 @@ def _missing_entry(error: KeyError) -> KeyError:
         f"optimizer state has no entry {error}, which this optimizer's step reads: the "
         "state was edited or made for another optimizer. Restore the entry, or clear "
         "`optimizer.state[param]` to start that param afresh."
+    )
+
+
+def _check_shapes(algorithm: Algorithm, p: Tensor, g: Tensor, buffers: list[Tensor]) -> None:
+    """Raise if a param's gradient or state buffers are shaped unlike the param: the
+    param was replaced or resized after they were made (``p.data = ...``). torch's step
+    fails there on broadcasting, after changing some state; a step on segments would
+    run where only the shape differs, not the size (a (3, 4) state for a (4, 3) param)."""
+    shape = p.shape
+    if g.shape == shape:  # a loop: any() over a generator costs more, per param
+        for b in buffers:
+            if b.shape != shape:
+                break
+        else:
+            return
+    named = [("a gradient", g), *zip(algorithm.fields[len(algorithm.counters) :], buffers)]
+    wrong = ", ".join(f"{name} of shape {tuple(t.shape)}" for name, t in named if t.shape != shape)
+    what = []
+    if g.shape != shape:
+        what.append("compute its gradient anew")
+    if any(b.shape != shape for b in buffers):
+        what.append("clear its state (`del optimizer.state[param]`) to start it afresh")
+    raise ValueError(
+        f"{algorithm.name} step: a param of shape {tuple(shape)} has {wrong}: the param was "
+        f"replaced or resized after they were made (`param.data = ...`). {' and '.join(what).capitalize()}."
     )
 
 
