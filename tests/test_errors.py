@@ -547,6 +547,72 @@ def test_param_resized_after_a_step(name, path, stale_grad):
         assert buffers and all(t.shape == p.shape for t in buffers)
 
 
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_model_converted_after_a_step(name):
+    """A model converted to float64 after a step (``model.double()``) steps as torch's
+    class does. Adadelta and Adagrad step with their float32 state, bitwise as torch.
+    Adamax and NAdam fail, as torch's do (where torch's error names neither the tensor
+    nor the cause), with an error that says why and what to do, and change nothing.
+    Loading the optimizer's own state_dict casts the state, and both then step alike."""
+
+    def run(lib, attempt=True):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2)
+        params = list(model.parameters())
+        opt = getattr(lib, name)(params, lr=0.1)
+        gen = torch.Generator().manual_seed(1)
+
+        def backward():
+            opt.zero_grad()
+            model(torch.randn(4, 3, generator=gen, dtype=params[0].dtype)).sum().backward()
+
+        backward()
+        opt.step()
+        model.double()
+        backward()
+        before, error = _snapshot(opt, params), None
+        if attempt:
+            try:
+                opt.step()
+            except RuntimeError as e:
+                error = e
+        after = _snapshot(opt, params)
+        opt.load_state_dict(opt.state_dict())
+        backward()
+        opt.step()
+        return error, before, after, _snapshot(opt, params)
+
+    error, before, after, end = run(fo)
+    torch_error, _, torch_after, _ = run(torch.optim)
+    assert (error is None) == (torch_error is None) == (name in ("Adadelta", "Adagrad"))
+    if error is None:
+        assert_same(after, torch_after, rtol=0, atol=0)
+        assert_same(end, run(torch.optim)[3], rtol=0, atol=0)
+    else:
+        assert re.search(
+            f"{name} step: a param of dtype float64 has exp_avg, exp_\\w+ of dtype float32: the model was "
+            "converted after .* optimizer.load_state_dict\\(optimizer.state_dict\\(\\)\\)",
+            str(error),
+        )
+        assert_same(after, before, rtol=0, atol=0)
+        assert_same(end, run(torch.optim, attempt=False)[3], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_params_converted_after_a_differentiable_step(name):
+    """The pure step (``differentiable``, compiled) takes one dtype: a param converted
+    after its state was made gets the same error for all four algorithms, before any
+    param or state changes."""
+    opt, params = _stepped_optimizer(name, "differentiable")
+    for p in params:
+        p.data = p.data.double()
+        p.grad = torch.randn_like(p)
+    before = _snapshot(opt, params)
+    with pytest.raises(RuntimeError, match=f"{name} step: a param of dtype float64 has .* of dtype float32"):
+        opt.step()
+    assert_same(_snapshot(opt, params), before, rtol=0, atol=0)
+
+
 OTHER = {name: ALGORITHMS[(i + 1) % len(ALGORITHMS)] for i, name in enumerate(ALGORITHMS)}
 
 

@@ -367,7 +367,13 @@ class Optimizer(torch.optim.Optimizer):
             and not self.defaults.get("differentiable")
             and not torch.compiler.is_compiling()
         ):
-            _step_in_place(algorithm, hyperparams, params, grads, states)
+            try:
+                _step_in_place(algorithm, hyperparams, params, grads, states)
+            except RuntimeError as error:  # torch's own error names no tensor and no cause
+                converted = _converted(algorithm, params, states)
+                if converted is None:
+                    raise
+                raise converted from error
         else:
             _step_pure(algorithm, hyperparams, params, grads, states, bool(group.get("capturable")))
 
@@ -519,6 +525,9 @@ def _step_pure(
     k = len(algorithm.counters)
     for i, (p, g) in enumerate(zip(params, grads)):
         _check_shapes(algorithm, p, g, [column[i] for column in columns[k:]])
+    converted = _converted(algorithm, params, states)  # the pure math takes one dtype
+    if converted is not None:
+        raise converted
     read_params, read_columns = _copies_for_autograd((params, columns))
     updates, new_columns = algorithm.update_leaves(
         hyperparams, read_params, grads, read_columns, capturable, written_back=True
@@ -660,6 +669,28 @@ def _check_shapes(algorithm: Algorithm, p: Tensor, g: Tensor, buffers: list[Tens
         f"{algorithm.name} step: a param of shape {tuple(shape)} has {wrong}: the param was "
         f"replaced or resized after they were made (`param.data = ...`). {' and '.join(what).capitalize()}."
     )
+
+
+def _converted(
+    algorithm: Algorithm, params: list[Tensor], states: list[dict[str, Any]]
+) -> RuntimeError | None:
+    """The error for a step where a param's dtype differs from its state's: the model was
+    converted after the state was made (``model.double()``). None if no such param. The
+    in-place step raises it where its math fails, as torch's Adamax and NAdam do (torch's
+    Adadelta and Adagrad step on), the pure step always."""
+    for p, state in zip(params, states):
+        buffers = {name: state.get(name) for name in algorithm.fields[len(algorithm.counters) :]}
+        wrong = [name for name, b in buffers.items() if isinstance(b, Tensor) and b.dtype != p.dtype]
+        if wrong:
+            dtype = lambda t: str(t.dtype).replace("torch.", "")  # noqa: E731
+            return RuntimeError(
+                f"{algorithm.name} step: a param of dtype {dtype(p)} has {', '.join(wrong)} of dtype "
+                f"{dtype(buffers[wrong[0]])}: the model was converted after the optimizer's state was made "
+                "(model.double(), model.half(), ...). Cast the state to the params' dtypes with "
+                "optimizer.load_state_dict(optimizer.state_dict()), or convert the model before making "
+                "the optimizer."
+            )
+    return None
 
 
 def _assign(state: dict[str, Any], name: str, value: Any) -> None:
