@@ -37,7 +37,7 @@ from torch.optim.optimizer import ParamsT, _device_dtype_check_for_fused
 
 from . import inplace
 from .algorithm import Algorithm, Hyperparams, normalize, torch_counter
-from .base import GradientTransformation, StructureError, a_kind, as_real, check_transformation
+from .base import GradientTransformation, StructureError, a_kind, as_real, check_transformation, dtype_name
 
 try:
     from torch.distributed.tensor import DTensor
@@ -682,10 +682,9 @@ def _converted(
         buffers = {name: state.get(name) for name in algorithm.fields[len(algorithm.counters) :]}
         wrong = [name for name, b in buffers.items() if isinstance(b, Tensor) and b.dtype != p.dtype]
         if wrong:
-            dtype = lambda t: str(t.dtype).replace("torch.", "")  # noqa: E731
             return RuntimeError(
-                f"{algorithm.name} step: a param of dtype {dtype(p)} has {', '.join(wrong)} of dtype "
-                f"{dtype(buffers[wrong[0]])}: the model was converted after the optimizer's state was made "
+                f"{algorithm.name} step: a param of dtype {dtype_name(p)} has {', '.join(wrong)} of dtype "
+                f"{dtype_name(state[wrong[0]])}: the model was converted after the optimizer's state was made "
                 "(model.double(), model.half(), ...). Cast the state to the params' dtypes with "
                 "optimizer.load_state_dict(optimizer.state_dict()), or convert the model before making "
                 "the optimizer."

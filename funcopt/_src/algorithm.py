@@ -48,6 +48,7 @@ from .base import (
     Updates,
     a_kind,
     as_real,
+    dtype_name,
     flatten_together,
     grouped_under_autograd,
     readable,
@@ -239,9 +240,8 @@ class Algorithm:
                     )
                 raise TypeError(f"{self.name} init: leaf {i} of params is {a_kind(p)}; {must}")
             if not (p.is_floating_point() or p.is_complex()):
-                dtype = str(p.dtype).replace("torch.", "")
                 raise TypeError(
-                    f"{self.name} init: leaf {i} of params is a tensor of dtype {dtype}, which no "
+                    f"{self.name} init: leaf {i} of params is a tensor of dtype {dtype_name(p)}, which no "
                     "gradient step can update; leave it out of the params (such as BatchNorm's "
                     "num_batches_tracked), or put None in its place"
                 )
@@ -402,9 +402,7 @@ class Algorithm:
         param would silently take another shape. Dtypes that differ would fail inside the
         math with an error that names no tensor, or promote the update."""
         what = "shapes" if any(t is not None and t.shape != g.shape for t in (p, *buffers)) else "dtypes"
-        show = (
-            (lambda t: tuple(t.shape)) if what == "shapes" else (lambda t: str(t.dtype).replace("torch.", ""))
-        )
+        show = (lambda t: tuple(t.shape)) if what == "shapes" else dtype_name
         named = self._named(g, p, buffers)
         return ValueError(
             f"{self.name} update: the {what} of leaf {i} differ "

@@ -104,6 +104,11 @@ def a_kind(value: Any) -> str:
     return f"{'an' if name[0].lower() in 'aeiou' else 'a'} {name}"
 
 
+def dtype_name(t: torch.Tensor) -> str:
+    """A tensor's dtype as messages name it: "float32", not "torch.float32"."""
+    return str(t.dtype).replace("torch.", "")
+
+
 def _list_or_tuple(tree: Any, other: Any) -> str:
     """A hint for trees that are a list and a tuple: torch.autograd.grad returns its
     gradients as a tuple, which does not match params kept in a list."""
