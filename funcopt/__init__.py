@@ -13,6 +13,9 @@ Stateful API (subclasses of ``torch.optim.Optimizer``)::
     opt = fo.NAdam(model.parameters(), lr=2e-3)
 """
 
+from ._src import schedules as _schedules
+from ._src import transforms as _transforms
+from ._src import wrappers as _wrappers
 from ._src.adadelta import Adadelta, AdadeltaState, adadelta
 from ._src.adagrad import Adagrad, AdagradState, adagrad
 from ._src.adamax import Adamax, AdamaxState, adamax
@@ -20,6 +23,7 @@ from ._src.adapter import Optimizer
 from ._src.base import (
     EmptyState,
     GradientTransformation,
+    MaskedNode,
     Params,
     State,
     Updates,
@@ -30,6 +34,9 @@ from ._src.clipping import clip_by_global_norm
 from ._src.masking import MaskedState, masked, partition
 from ._src.meta import inner_loop
 from ._src.nadam import NAdam, NAdamState, nadam
+from ._src.schedules import *  # noqa: F403  (each module lists its names in its __all__)
+from ._src.transforms import *  # noqa: F403
+from ._src.wrappers import *  # noqa: F403
 
 __version__ = "0.1.0"
 
@@ -42,6 +49,7 @@ __all__ = [
     "AdamaxState",
     "EmptyState",
     "GradientTransformation",
+    "MaskedNode",
     "MaskedState",
     "NAdam",
     "NAdamState",
@@ -59,4 +67,7 @@ __all__ = [
     "masked",
     "nadam",
     "partition",
+    *_schedules.__all__,
+    *_transforms.__all__,
+    *_wrappers.__all__,
 ]

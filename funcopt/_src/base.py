@@ -52,7 +52,16 @@ class EmptyState(NamedTuple):
     """The state of a stateless transformation."""
 
 
-torch.serialization.add_safe_globals([EmptyState])  # loads with torch.load(weights_only=True)
+class MaskedNode(NamedTuple):
+    """An empty node: a place in a state (or in params) that holds nothing, as optax's
+    ``MaskedNode``. It has no leaves, so a state holding it is still a valid input and
+    output of ``torch.func.vmap``, ``grad`` and ``torch.compile`` (a None leaf is not).
+    `masked` puts it where a param is outside the mask; an algorithm's state holds it
+    for a key that torch.optim would not have for that param (Adam's ``max_exp_avg_sq``
+    without ``amsgrad``, SGD's ``momentum_buffer`` before the first step)."""
+
+
+torch.serialization.add_safe_globals([EmptyState, MaskedNode])  # loads with torch.load(weights_only=True)
 
 
 def empty_init(params: Params) -> EmptyState:
