@@ -13,6 +13,7 @@ from helpers import ALGORITHMS
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [
     "getting-started", "concepts", "recipes", "checkpoints", "distributed", "performance", "adding-an-algorithm", "api",
+    "comparison", "coming-from-optax", "transforms", "schedules", "wrappers",
     "tutorials/drop_in_replacement", "tutorials/lr_sweep_vmap", "tutorials/maml_sinusoid",
     *(f"algorithms/{name.lower()}" for name in ALGORITHMS),
 ]  # fmt: skip
