@@ -613,3 +613,25 @@ def test_optimizer_skips_params_without_grad():
     opt.step()
     assert torch.equal(unused.detach(), before) and unused not in opt.state
     assert float(opt.state[used]["1.step"]) == 1
+
+
+@pytest.mark.parametrize("name", ["Adagrad", "Adamax"])
+@pytest.mark.parametrize("numel", [7, 40_000], ids=["grouped", "alone"])
+def test_update_under_autograd_rounds_as_torch_step(name, numel):
+    """Where autograd records (an inner loop), the update and apply_updates round as
+    torch's ``param.addcdiv_(a, b, value=-clr)``, which multiplies before it divides:
+    ``(g / std) * -clr`` differed by an ulp a step, which a normalised step amplifies."""
+    torch.manual_seed(0)
+    w0 = torch.randn(numel)
+    grads = [torch.randn(numel) * 10.0 ** torch.randint(-3, 3, (numel,)) for _ in range(6)]
+    expected = w0.clone()
+    opt = torch_cls(name)([expected], lr=0.3)
+    tx = factory(name)(lr=0.3)
+    w = w0.clone().requires_grad_(True)
+    state = tx.init([w.detach()])
+    for g in grads:
+        expected.grad = g.clone()
+        opt.step()
+        updates, state = tx.update([g.clone().requires_grad_(True)], state, [w])
+        (w,) = fo.apply_updates([w], updates)
+    assert torch.equal(w.detach(), expected)

@@ -221,7 +221,7 @@ class PureForEach:
         rounding: torch's backward of ``_foreach_addcdiv`` fails (2.13: "select(): index
         1 out of range") when a tensor's first dimension is shorter than its index."""
         if x is None:
-            return PureForEach.add_(None, PureForEach.div(a, b), value)
+            return PureForEach.div(a if value == 1 else PureForEach.mul_(a, value), b)
         return PureForEach.add(x, PureForEach.div(a if value == 1 else PureForEach.mul_(a, value), b))
 
     @staticmethod
@@ -300,8 +300,11 @@ class Pure:
 
     @staticmethod
     def addcdiv_(x: Tensor | None, a: Tensor, b: Tensor, value: Coef = 1) -> Tensor:
+        """``x + value * a / b``, rounded as ``torch.addcdiv`` rounds it: ``(value * a) / b``
+        (torch's kernel multiplies first), so that an update added to its param equals
+        torch's ``param.addcdiv_`` bit for bit."""
         if x is None:
-            return _scale(a / b, value)
+            return _scale(a, value) / b
         if isinstance(value, Tensor):
-            return x + _scale(a / b, value)
+            return x + _scale(a, value) / b
         return torch.addcdiv(x, a, b, value=value)
