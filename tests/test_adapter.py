@@ -930,3 +930,39 @@ def test_compiled_step_matches_torch_eager(name, default_dtype, first_compiled):
             return [p.detach() for p in m.parameters()], scalar.detach(), opt.state_dict()["state"]
 
     twin(name, scenario, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("given", [{}, {"weight_decay": 0.0}], ids=["unnamed", "named"])
+def test_group_sets_a_factory_argument_the_constructor_did_not_name(given):
+    """HF Trainer and timm give groups a weight_decay that the constructor never named:
+    the group's value is used (it was dropped), and a key that is no argument of the
+    factory stays in the group, as torch keeps it, without reaching the factory."""
+    torch.manual_seed(0)
+    w0 = torch.randn(5)
+    ours, theirs = torch.nn.Parameter(w0.clone()), torch.nn.Parameter(w0.clone())
+    opt = fo.Optimizer([{"params": [ours], "weight_decay": 0.5, "tag": "decay"}], fo.nadam, lr=0.1, **given)
+    reference = torch.optim.NAdam([{"params": [theirs], "weight_decay": 0.5, "tag": "decay"}], lr=0.1)
+    for _ in range(3):
+        g = torch.randn(5)
+        ours.grad, theirs.grad = g.clone(), g.clone()
+        opt.step()
+        reference.step()
+    torch.testing.assert_close(ours.data, theirs.data)
+    assert opt.param_groups[0]["tag"] == "decay" and opt.param_groups[0]["weight_decay"] == 0.5
+
+
+def test_optimizer_built_in_a_compiled_frame_steps():
+    """torch.compile breaks the graph in torch.optim.Optimizer.__init__; attributes set
+    before it were lost there, and step() failed on the missing transformation."""
+    p, q = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))
+    opt = torch.compile(lambda: fo.NAdam([p], lr=0.1), backend="eager")()
+    generic = torch.compile(lambda: fo.Optimizer([q], fo.nadam, lr=0.1), backend="eager")()
+    reference = torch.nn.Parameter(torch.ones(2))
+    torch_opt = torch.optim.NAdam([reference], lr=0.1)
+    for t in (p, q, reference):
+        t.grad = torch.tensor([1.0, -2.0])
+    opt.step()
+    generic.step()
+    torch_opt.step()
+    torch.testing.assert_close(p.data, reference.data)
+    torch.testing.assert_close(q.data, reference.data)

@@ -37,7 +37,15 @@ from torch.optim.optimizer import ParamsT, _device_dtype_check_for_fused
 
 from . import inplace
 from .algorithm import Algorithm, Hyperparams, normalize, torch_counter
-from .base import GradientTransformation, StructureError, a_kind, as_real, check_transformation, dtype_name
+from .base import (
+    GradientTransformation,
+    MaskedNode,
+    StructureError,
+    a_kind,
+    as_real,
+    check_transformation,
+    dtype_name,
+)
 
 try:
     from torch.distributed.tensor import DTensor
@@ -73,6 +81,56 @@ def _to_python(value: Any) -> Any:
     if isinstance(value, (tuple, list)):
         return type(value)(_to_python(v) for v in value)
     return value
+
+
+def _check_transform(transform: Any, defaults: dict[str, Any]) -> None:
+    """Raise torch's error for a bad hyperparameter, or a TypeError for a `transform`
+    that is neither a transformation nor a factory of one."""
+    hyperparams = _hyperparams(defaults, defaults)
+    if isinstance(transform, Algorithm):
+        transform.check(defaults, tensors=True)
+    elif isinstance(transform, type):
+        raise TypeError(
+            "transform must be a GradientTransformation or a function returning one, but got "
+            f"the class {transform.__name__}: pass a factory such as fo.adamax (with the "
+            "hyperparameters as keyword arguments), or use an optimizer class directly"
+        )
+    elif isinstance(transform, GradientTransformation):
+        check_transformation(transform, "fo.Optimizer")
+        if hyperparams:  # a scheduler would then change an lr that no step reads
+            raise TypeError(
+                f"fo.Optimizer got hyperparameters ({', '.join(hyperparams)}) with a transformation "
+                "already built, which never reads them: pass a function that builds it from "
+                "them instead, such as fo.nadam or lambda lr: fo.chain(..., fo.nadam(lr=lr)), "
+                "so that param groups and lr schedulers set them"
+            )
+    elif not callable(transform):
+        raise TypeError(
+            "transform must be a GradientTransformation or a function returning one, "
+            f"but got {type(transform).__name__}"
+        )
+    else:  # built once now, so that a bad or unknown hyperparameter fails here, as in torch
+        _build(transform, hyperparams)
+
+
+def _build(factory: TransformFactory, hyperparams: Hyperparams) -> GradientTransformation:
+    transform = factory(**hyperparams)
+    check_transformation(transform, "fo.Optimizer, from the transform function")
+    return transform
+
+
+def _factory_args(transform: Any) -> tuple[str, ...]:
+    """The arguments a factory takes by name (none for a transformation already built, or
+    an `Algorithm`, whose classes pass every one): a param group may set any of them,
+    also one the constructor did not name, as torch.optim's groups may."""
+    if isinstance(transform, (GradientTransformation, Algorithm)) or not callable(transform):
+        return ()
+    try:
+        parameters = inspect.signature(transform).parameters.values()
+    except (TypeError, ValueError):  # a callable with no signature to read
+        return ()
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return tuple(p.name for p in parameters if p.kind in named and p.name not in ("params", "param_names"))
 
 
 class Optimizer(torch.optim.Optimizer):
@@ -118,6 +176,7 @@ class Optimizer(torch.optim.Optimizer):
     """
 
     _transform: GradientTransformation | TransformFactory
+    _factory_args: tuple[str, ...]
 
     def __init__(
         self,
@@ -125,9 +184,12 @@ class Optimizer(torch.optim.Optimizer):
         transform: GradientTransformation | TransformFactory,
         **defaults: Any,
     ) -> None:
-        self._transform = transform
-        self._check_transform(defaults)
+        _check_transform(transform, defaults)
         super().__init__(params, defaults)
+        # Set after torch's __init__: where torch.compile traces the construction, it breaks
+        # the graph there and loses the attributes set before it.
+        self._transform = transform
+        self._factory_args = _factory_args(transform)
         if defaults.get("fused"):
             if defaults.get("differentiable"):
                 raise RuntimeError("`fused` does not support `differentiable`")
@@ -140,34 +202,6 @@ class Optimizer(torch.optim.Optimizer):
             for group in self.param_groups:
                 for p in group["params"]:
                     self.state[p] = self._new_state(p, group)
-
-    def _check_transform(self, defaults: dict[str, Any]) -> None:
-        transform: Any = self._transform
-        hyperparams = _hyperparams(defaults, defaults)
-        if isinstance(transform, Algorithm):
-            transform.check(defaults, tensors=True)
-        elif isinstance(transform, type):
-            raise TypeError(
-                "transform must be a GradientTransformation or a function returning one, but got "
-                f"the class {transform.__name__}: pass a factory such as fo.adamax (with the "
-                "hyperparameters as keyword arguments), or use an optimizer class directly"
-            )
-        elif isinstance(transform, GradientTransformation):
-            check_transformation(transform, "fo.Optimizer")
-            if hyperparams:  # a scheduler would then change an lr that no step reads
-                raise TypeError(
-                    f"fo.Optimizer got hyperparameters ({', '.join(hyperparams)}) with a transformation "
-                    "already built, which never reads them: pass a function that builds it from "
-                    "them instead, such as fo.nadam or lambda lr: fo.chain(..., fo.nadam(lr=lr)), "
-                    "so that param groups and lr schedulers set them"
-                )
-        elif not callable(transform):
-            raise TypeError(
-                "transform must be a GradientTransformation or a function returning one, "
-                f"but got {type(transform).__name__}"
-            )
-        else:  # built once now, so that a bad or unknown hyperparameter fails here, as in torch
-            self._make_transform(hyperparams)
 
     # -- pickling and old checkpoints -----------------------------------------
 
@@ -198,6 +232,8 @@ class Optimizer(torch.optim.Optimizer):
         if "_transform" not in state:  # load_state_dict: check before anything changes
             self._check_loaded(state["param_groups"], state["state"])
         super().__setstate__(state)
+        if "_transform" in state:  # unpickled
+            self._factory_args = _factory_args(self._transform)
         # Groups saved before a flag existed get the constructor's default for it, as
         # torch's classes do (a generic Optimizer's constructor has no defaults).
         defaults = {
@@ -321,9 +357,17 @@ class Optimizer(torch.optim.Optimizer):
     def _make_transform(self, hyperparams: Hyperparams) -> GradientTransformation:
         if isinstance(self._transform, GradientTransformation):
             return self._transform
-        transform = self._transform(**hyperparams)
-        check_transformation(transform, "fo.Optimizer, from the transform function")
-        return transform
+        return _build(self._transform, hyperparams)
+
+    def _group_hyperparams(self, group: dict[str, Any]) -> Hyperparams:
+        """A group's values of the hyperparameters: those the constructor set, and any
+        other argument of the factory that the group sets. Another key of the group (a
+        name, a tag) is kept in the group, as torch keeps it, and read by nothing."""
+        hyperparams = _hyperparams(group, self.defaults)
+        for name in self._factory_args:
+            if name in group and name not in hyperparams and name not in IMPLEMENTATION_FLAGS:
+                hyperparams[name] = group[name]
+        return hyperparams
 
     def _new_state(self, p: Tensor, group: dict[str, Any]) -> dict[str, Any]:
         hyperparams = _hyperparams(self.defaults, self.defaults)
@@ -344,7 +388,7 @@ class Optimizer(torch.optim.Optimizer):
             (self.state[q] for q in group["params"] if q is not p and self.state.get(q)), {}
         )
         return {
-            name: leaf["0"] if per_param else _clone(sibling[name]) if name in sibling else leaf
+            name: _stored(leaf["0"]) if per_param else _clone(sibling[name]) if name in sibling else leaf
             for name, per_param, leaf in slots
         }
 
@@ -355,7 +399,7 @@ class Optimizer(torch.optim.Optimizer):
                 _check_fused(p, g)
         if group.get("capturable") and not torch.compiler.is_compiling():
             _check_capturable(params)
-        hyperparams = _hyperparams(group, self.defaults)
+        hyperparams = self._group_hyperparams(group)
         algorithm = self._transform if isinstance(self._transform, Algorithm) else None
         if algorithm is None:
             skipped = [self.state[p] for p in group["params"] if p.grad is None and self.state.get(p)]
@@ -394,7 +438,7 @@ class Optimizer(torch.optim.Optimizer):
         slots, treedef = _slots(transform.init({"0": torch.empty_like(params[0], device="meta")}))
         try:
             leaves = [
-                dict(zip(keys, (s[name] for s in states))) if per_param else states[0][name]
+                dict(zip(keys, (_node(s[name]) for s in states))) if per_param else states[0][name]
                 for name, per_param, _ in slots
             ]
         except KeyError as e:
@@ -404,7 +448,7 @@ class Optimizer(torch.optim.Optimizer):
         updates, new_state = transform.update(dict(zip(keys, grads)), state, dict(zip(keys, read_params)))
         new_leaves = treedef.flatten_up_to(new_state)
         columns = [
-            (name, [leaf[key] for key in keys] if per_param else [leaf] * len(keys))
+            (name, [_stored(leaf[key]) for key in keys] if per_param else [leaf] * len(keys))
             for (name, per_param, _), leaf in zip(slots, new_leaves)
         ]
         _write_back(params, states, columns, [updates[key] for key in keys])
@@ -622,6 +666,19 @@ def _slots(state: Any) -> tuple[list[tuple[str, bool, Any]], optree.PyTreeSpec]:
             node = node[entry] if isinstance(node, (tuple, list, dict)) else None
         out.append((".".join(parts), _is_per_param(leaf), leaf))
     return out, treedef
+
+
+def _stored(value: Any) -> Any:
+    """A per-param value as a param's state dict holds it: None where the state holds
+    `MaskedNode()` (a param outside a `masked` transformation's mask), which torch's
+    ``load_state_dict`` cannot rebuild (it calls ``type(value)(...)`` on a tuple) and
+    checkpoints saved before `MaskedNode` hold."""
+    return None if isinstance(value, MaskedNode) else value
+
+
+def _node(value: Any) -> Any:
+    """A param's stored value as the transformation's state holds it (see `_stored`)."""
+    return MaskedNode() if value is None else value
 
 
 def _what(value: Any) -> str:
