@@ -43,7 +43,8 @@ def make_training(optimizer_class):
 
 def train(model, optimizer, scheduler, epochs, desc):
     losses = []
-    for _ in tqdm(range(epochs), desc=desc):
+    # disable=None: a progress bar on a terminal or in Jupyter, none in a log file
+    for _ in tqdm(range(epochs), desc=desc, disable=None):
         optimizer.zero_grad()
         loss = F.mse_loss(model(x), y)
         loss.backward()

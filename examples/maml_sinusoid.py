@@ -70,7 +70,8 @@ meta_optimizer = fo.Adamax(meta_params.values(), lr=3e-3)
 META_ITERATIONS, TASKS = 1500, 4
 
 meta_losses = []
-for _ in tqdm(range(META_ITERATIONS), desc="meta-training"):
+# disable=None: a progress bar on a terminal or in Jupyter, none in a log file
+for _ in tqdm(range(META_ITERATIONS), desc="meta-training", disable=None):
     x, y = sample_tasks(TASKS, 20)
     loss = (
         sum(loss_fn(adapt(meta_params, x[t, :10], y[t, :10], 1), x[t, 10:], y[t, 10:]) for t in range(TASKS))

@@ -6,6 +6,7 @@ the result."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,3 +42,23 @@ def test_demo_writes_its_figure(tmp_path):
     assert result.returncode == 0, result.stderr
     assert out.stat().st_size > 10_000
     assert "largest parameter difference" in result.stdout and "MAML" in result.stdout
+    # the sweep's agreement is reported per run: the stable runs compared, the others named
+    agree = re.search(
+        r"agree on the (\d+) runs whose loss never rose above its start: final losses within (\S+)",
+        result.stdout,
+    )
+    assert agree, result.stdout
+    assert int(agree[1]) >= 8 and float(agree[2]) < 1e-4, result.stdout
+    unstable = re.search(r"lr ([\d., e-]+): unstable .* not compared", result.stdout)
+    assert unstable is None or int(agree[1]) + len(unstable[1].split(",")) == 16, result.stdout
+    # stderr is a pipe here, not a terminal: no progress bars in it (tqdm's disable=None)
+    assert "it/s" not in result.stderr and "%|" not in result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("script", sorted((ROOT / "examples").glob("*.py")), ids=lambda p: p.stem)
+def test_progress_bars_only_on_a_terminal(script):
+    """Every tqdm bar in the examples passes disable=None: a bar on a terminal or in
+    Jupyter, none in a log file (a bar writes a line per update there)."""
+    source = script.read_text()
+    calls = re.findall(r"\btqdm\((.*)\)", source)
+    assert all("disable=None" in call for call in calls), f"{script.name}: a tqdm(...) without disable=None"
