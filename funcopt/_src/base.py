@@ -31,7 +31,7 @@ class TransformInit(Protocol):
 
 class TransformUpdate(Protocol):
     def __call__(
-        self, updates: Updates, state: State, params: Params | None = None
+        self, updates: Updates, state: State, params: Params | None = None, **extra_args: Any
     ) -> tuple[Updates, State]: ...
 
 
@@ -274,6 +274,9 @@ def check_transformation(transform: Any, where: str) -> None:
 def chain(*transforms: GradientTransformation) -> GradientTransformation:
     """Apply transformations one after another; the state is the tuple of their states.
 
+    Its ``update(updates, state, params=None, **extra_args)`` passes extra keyword
+    arguments (a loss value, ``value_fn``) on to each transformation, as optax's does.
+
     Example:
         >>> import torch, funcopt as fo
         >>> tx = fo.chain(fo.clip_by_global_norm(1.0), fo.adamax(lr=0.1))
@@ -300,6 +303,7 @@ def _chain_update(
     updates: Updates,
     state: State,
     params: Params | None = None,
+    **extra_args: Any,
 ) -> tuple[Updates, State]:
     if len(state) != len(transforms):
         raise ValueError(
@@ -308,7 +312,11 @@ def _chain_update(
         )
     new_state = []
     for transform, s in zip(transforms, state):
-        updates, s = transform.update(updates, s, params)
+        # the algorithms' updates take no extra keyword arguments: pass them only if given
+        if extra_args:
+            updates, s = transform.update(updates, s, params, **extra_args)
+        else:
+            updates, s = transform.update(updates, s, params)
         new_state.append(s)
     return updates, tuple(new_state)
 
