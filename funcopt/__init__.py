@@ -35,6 +35,7 @@ from ._src.masking import MaskedState, masked, partition
 from ._src.meta import inner_loop
 from ._src.nadam import NAdam, NAdamState, nadam
 from ._src.schedules import *  # noqa: F403  (each module lists its names in its __all__)
+from ._src.sgd import SGD, SGDState, sgd
 from ._src.transforms import *  # noqa: F403
 from ._src.wrappers import *  # noqa: F403
 
@@ -56,6 +57,8 @@ __all__ = [
     "Optimizer",
     "Params",
     "State",
+    "SGD",
+    "SGDState",
     "Updates",
     "adadelta",
     "adagrad",
@@ -67,6 +70,7 @@ __all__ = [
     "masked",
     "nadam",
     "partition",
+    "sgd",
     *_schedules.__all__,
     *_transforms.__all__,
     *_wrappers.__all__,

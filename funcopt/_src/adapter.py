@@ -42,6 +42,7 @@ from .base import (
     MaskedNode,
     StructureError,
     a_kind,
+    as_complex,
     as_real,
     check_transformation,
     dtype_name,
@@ -252,7 +253,10 @@ class Optimizer(torch.optim.Optimizer):
                 for key in algorithm.counters:
                     if key in p_state and not torch.is_tensor(p_state[key]):
                         p_state[key] = torch_counter(
-                            p_state[key], p, on_device=self._on_device(group), fused=bool(group.get("fused"))
+                            p_state[key],
+                            p,
+                            on_device=self._on_device(group) or algorithm.counters_on_device,
+                            fused=bool(group.get("fused")),
                         )
 
     def _check_loaded(self, groups: list[dict[str, Any]], states: dict[Tensor, dict[str, Any]]) -> None:
@@ -346,8 +350,10 @@ class Optimizer(torch.optim.Optimizer):
             if p.grad is not None:
                 params.append(p)
                 grads.append(p.grad)
-                if not self.state[p]:
-                    self.state[p].update(self._new_state(p, group))
+                if not self.state.get(p):
+                    new = self._new_state(p, group)
+                    if new:  # torch keeps no entry for a param with no state (SGD without momentum)
+                        self.state[p].update(new)
         return len({id(p) for p in params}) != len(params)
 
     @staticmethod
@@ -393,7 +399,8 @@ class Optimizer(torch.optim.Optimizer):
         }
 
     def _step_group(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> None:
-        states = [self.state[p] for p in params]
+        # a param with no state yet gets a dict of its own, kept if the step fills it
+        states = [self.state[p] if p in self.state else {} for p in params]
         if group.get("fused"):
             for p, g in zip(params, grads):
                 _check_fused(p, g)
@@ -420,6 +427,9 @@ class Optimizer(torch.optim.Optimizer):
                 raise converted from error
         else:
             _step_pure(algorithm, hyperparams, params, grads, states, bool(group.get("capturable")))
+        for p, state in zip(params, states):
+            if state and p not in self.state:  # created by the step (SGD's momentum_buffer)
+                self.state[p] = state
 
     def _step_functional(
         self,
@@ -501,14 +511,16 @@ def _step_in_place(
     for p, g, state in zip(params, grads, states):
         if g.is_sparse:
             algorithm.check_sparse_grad(hyperparams)
-        try:
-            tensors = [state[name] for name in algorithm.fields]
+        try:  # a buffer may be absent (see `Algorithm`); the counters may not
+            tensors = [state[name] for name in algorithm.counters] + [
+                state.get(name) for name in algorithm.buffer_fields
+            ]
         except KeyError as e:
             raise _missing_entry(e) from None
         _check_shapes(algorithm, p, g, tensors[k:])
         # the counters' values, then their dtypes (torch updates a counter in its dtype)
         rows.append((tensors, tuple([c.item() for c in tensors[:k]] + [c.dtype for c in tensors[:k]])))
-    for p, g, (tensors, values) in zip(params, grads, rows):
+    for p, g, state, (tensors, values) in zip(params, grads, states, rows):
         if values not in schedules:
             schedules[values] = _to_python(
                 algorithm.schedule(*values[:k], counter_dtypes=values[k:], **given)
@@ -523,24 +535,39 @@ def _step_in_place(
                 inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
                 continue
             p, g, buffers = local
-        if p.is_complex():
+        is_complex = p.is_complex()
+        if is_complex:
             p, g, buffers = as_real(p), as_real(g), [as_real(b) for b in buffers]
+        if not algorithm.per_element or algorithm.creating(hyperparams, buffers):  # by itself
+            new = inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
+            for name, old, value in zip(algorithm.buffer_fields, buffers, new):
+                if old is None and value is not None:  # created (SGD's momentum_buffer)
+                    state[name] = as_complex(value) if is_complex else value
+            continue
         # read once: each attribute read costs as much as a small op (300 tiny params)
         device, sparse, numel = p.device, g.is_sparse, p.numel()
         if not sparse and inplace.use_lists(device):
-            group = lists.setdefault((values, p.dtype, device), [[] for _ in range(2 + len(buffers))])
+            absent = tuple(b is None for b in buffers)
+            group = lists.setdefault((values, p.dtype, device, absent), [[] for _ in range(2 + len(buffers))])
             for column, t in zip(group, (p, g, *buffers)):
                 column.append(t)
             continue
-        segmented = not sparse and algorithm.per_element  # may run on segments (see inplace.py)
+        segmented = not sparse  # may run on segments (see inplace.py)
         if segmented and numel <= inplace.TINY:
-            chunks.add((values, p.dtype, device), coefficients, p, g, buffers, numel)
+            chunks.add(
+                (values, p.dtype, device, tuple(b is None for b in buffers)),
+                coefficients,
+                p,
+                g,
+                buffers,
+                numel,
+            )
         elif segmented and numel > inplace.SEGMENT and inplace.blockable(p, *buffers):
             inplace.run_blocks(algorithm, coefficients, hyperparams, p, p, g, buffers)
         else:  # the whole param at once: one segment, or no segments
             inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
     chunks.run()
-    for (values, _, _), columns in lists.items():
+    for (values, _, _, _), columns in lists.items():
         inplace.run_lists(algorithm, schedules[values][1], hyperparams, columns)
     for values, (new_values, _) in schedules.items():
         for j, value in enumerate(new_values):
@@ -562,13 +589,14 @@ def _step_pure(
     differentiable and compiled steps), its results then written into the state and
     the params. A capturable step reads no value on the host, so a CUDA graph can
     record it."""
-    try:
-        columns = [[state[name] for state in states] for name in algorithm.fields]
+    try:  # a buffer may be absent (see `Algorithm`); the counters may not
+        columns = [[state[name] for state in states] for name in algorithm.counters] + [
+            [state.get(name, MaskedNode()) for state in states] for name in algorithm.buffer_fields
+        ]
     except KeyError as e:
         raise _missing_entry(e) from None
-    k = len(algorithm.counters)
-    for i, (p, g) in enumerate(zip(params, grads)):
-        _check_shapes(algorithm, p, g, [column[i] for column in columns[k:]])
+    for p, g, state in zip(params, grads, states):
+        _check_shapes(algorithm, p, g, [state.get(name) for name in algorithm.buffer_fields])
     converted = _converted(algorithm, params, states)  # the pure math takes one dtype
     if converted is not None:
         raise converted
@@ -606,7 +634,8 @@ def _write_back(
     gives that entry of every param's state dict; the updates are added to the params."""
     for name, values in columns:
         for state, value in zip(states, values):
-            _assign(state, name, value)
+            if not isinstance(value, MaskedNode):  # absent: torch has no such key
+                _assign(state, name, value)
     for p, u in zip(params, updates):
         if u is not None:  # None: a param the step skipped
             p.add_(u)
@@ -703,24 +732,28 @@ def _missing_entry(error: KeyError) -> KeyError:
     )
 
 
-def _check_shapes(algorithm: Algorithm, p: Tensor, g: Tensor, buffers: list[Tensor]) -> None:
+def _check_shapes(algorithm: Algorithm, p: Tensor, g: Tensor, buffers: Sequence[Tensor | None]) -> None:
     """Raise if a param's gradient or state buffers are shaped unlike the param: the
     param was replaced or resized after they were made (``p.data = ...``). torch's step
     fails there on broadcasting, after changing some state; a step on segments would
     run where only the shape differs, not the size (a (3, 4) state for a (4, 3) param)."""
     shape = p.shape
+    if not algorithm.buffers_like_param:
+        buffers = []
     if g.shape == shape:  # a loop: any() over a generator costs more, per param
         for b in buffers:
-            if b.shape != shape:
+            if b is not None and b.shape != shape:
                 break
         else:
             return
-    named = [("a gradient", g), *zip(algorithm.fields[len(algorithm.counters) :], buffers)]
-    wrong = ", ".join(f"{name} of shape {tuple(t.shape)}" for name, t in named if t.shape != shape)
+    named = [("a gradient", g), *zip(algorithm.buffer_fields, buffers)]
+    wrong = ", ".join(
+        f"{name} of shape {tuple(t.shape)}" for name, t in named if t is not None and t.shape != shape
+    )
     what = []
     if g.shape != shape:
         what.append("compute its gradient anew")
-    if any(b.shape != shape for b in buffers):
+    if any(b is not None and b.shape != shape for b in buffers):
         what.append("clear its state (`del optimizer.state[param]`) to start it afresh")
     raise ValueError(
         f"{algorithm.name} step: a param of shape {tuple(shape)} has {wrong}: the param was "

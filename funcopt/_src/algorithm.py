@@ -24,6 +24,15 @@ An algorithm file (see ``nadam.py``) gives:
   only without weight decay.
 - ``bounds``: torch's range checks, in torch's order.
 
+A buffer may be absent, as torch.optim creates some state keys only for some options
+(Adam's ``max_exp_avg_sq`` with ``amsgrad``) or only at the first step (SGD's
+``momentum_buffer``, a copy of the first gradient). ``initial`` gives None for it, and
+the math then gets None in its place; it returns None for a buffer it leaves absent,
+or a new tensor for one it creates (named by ``creates``). A functional state holds an
+empty node (`MaskedNode`) there, a torch.optim state no key. ``initial`` may also give
+a function of the param that makes its buffer (a buffer not shaped like its param, such
+as Adafactor's factored ``row_var``), or None where that param has none.
+
 Calling an `Algorithm` with hyperparameters gives the functional transformation;
 ``adapter.py`` and ``inplace.py`` run the same two functions in place for the
 torch.optim classes.
@@ -43,10 +52,12 @@ from torch import Tensor
 from . import inplace
 from .base import (
     GradientTransformation,
+    MaskedNode,
     Params,
     State,
     Updates,
     a_kind,
+    as_complex,
     as_real,
     dtype_name,
     flatten_together,
@@ -119,6 +130,24 @@ def torch_counter(value: Any, p: Tensor, *, on_device: bool, fused: bool) -> Ten
     return torch.tensor(float(value), dtype=scalar_dtype(fused), device=p.device if on_device else "cpu")
 
 
+def _nothing(**_: Any) -> tuple[str, ...]:
+    return ()
+
+
+def _valid(hyperparams: Hyperparams) -> None:
+    return None
+
+
+def initial_buffer(p: Tensor, value: Any) -> Tensor | None:
+    """A param's buffer as `Algorithm.initial` gives it: a number (or 0-d tensor) fills a
+    buffer like `p`, a function of `p` makes one, None leaves it absent."""
+    if value is None:
+        return None
+    if callable(value):
+        return value(p)
+    return full_like(p, value)
+
+
 def full_like(p: Tensor, value: Any) -> Tensor:
     """A buffer like `p` filled with `value`; complex params get ``value + value*1j``,
     as torch.optim's Adagrad does."""
@@ -165,13 +194,21 @@ class Algorithm:
     counters: tuple[str, ...]
     initial: Callable[..., Sequence[Any]]
     schedule: Callable[..., tuple[tuple[Any, ...], tuple[Any, ...]]]
-    elementwise: Callable[..., tuple[Tensor, Sequence[Tensor]]]
+    elementwise: Callable[..., tuple[Any, Sequence[Any]]]
     bounds: tuple[Bound, ...]
     sparse: bool = False  # accepts sparse gradients
     eager_state: bool = False  # torch creates the state at construction (Adagrad)
     # Each element's update depends on that element alone (no per-tensor reductions),
     # so the adapters may concatenate small tensors and step them together.
     per_element: bool = True
+    # the buffers the math creates where absent, for these hyperparameters (SGD's
+    # momentum_buffer): a param with one to create steps by itself, off the fast paths
+    creates: Callable[..., Collection[str]] = _nothing
+    counters_on_device: bool = False  # torch keeps the counters on the param's device (ASGD)
+    buffers_like_param: bool = True  # every buffer is shaped like its param (not Adafactor's)
+    # torch's checks that are no simple bound (SGD's nesterov), after the bounds; it reads
+    # Python numbers only (a tensor may be batched or traced)
+    validate: Callable[[Hyperparams], None] = _valid
     fields: tuple[str, ...] = field(init=False)
     pairs: tuple[str, ...] = field(init=False)  # the hyperparameters that are pairs (betas)
 
@@ -191,6 +228,7 @@ class Algorithm:
             raise ValueError("Tensor lr must be 1-element")
         for bound in self.bounds:
             bound.check(hyperparams, tensors)
+        self.validate(hyperparams)
 
     def check_sparse_grad(self, hyperparams: Hyperparams) -> None:
         """torch's checks of a sparse gradient, run for every param before any changes."""
@@ -248,9 +286,9 @@ class Algorithm:
             where = (p.device, torch.promote_types(scalar_dtype(), real_dtype(p)))
             if where not in shared:
                 shared[where] = [torch.as_tensor(v, dtype=where[1], device=p.device) for v in initial[:k]]
-            values = shared[where] + [full_like(p, v) for v in initial[k:]]
+            values = shared[where] + [initial_buffer(p, v) for v in initial[k:]]
             for column, v in zip(columns, values):
-                column.append(v)
+                column.append(MaskedNode() if v is None else v)
         return self.state(*(unflatten(c) for c in columns))
 
     def update(
@@ -259,7 +297,10 @@ class Algorithm:
         grads: Updates,
         state: State,
         params: Params | None = None,
+        **extra_args: Any,
     ) -> tuple[Updates, State]:
+        """The pure update; `extra_args` (a loss value, ...) are for other transformations
+        in a chain, and unused here."""
         if not isinstance(state, self.state):
             raise TypeError(
                 f"{self.name} update got a state of type {type(state).__name__}; "
@@ -322,7 +363,7 @@ class Algorithm:
         # the previous leaf's counters, their schedule, and whether its coefficients are numbers
         last: tuple[tuple[Any, ...], Any, bool] | None = None
         by_value: dict[Any, Any] = {}  # readable counters' values -> their schedule
-        lists: dict[Any, tuple[Any, list[int], list[list[Tensor]]]] = {}  # groups of leaves, by coefficients
+        lists: dict[Any, tuple[Any, list[int], list[list[Any]]]] = {}  # groups of leaves, by coefficients
         updates: list[Tensor | None] = []
         for i, (p, g) in enumerate(zip(p_leaves, g_leaves)):
             if g is None:  # skipped, as torch skips a param without .grad
@@ -349,14 +390,18 @@ class Algorithm:
             _, (new, coefficients), numeric = last
             for column, value in zip(new_columns, new):
                 column[i] = value
-            buffers = [column[i] for column in columns[k:]]
-            for t in (p, *buffers):
+            buffers: list[Any] = [
+                None if isinstance(b, MaskedNode) else b for b in (column[i] for column in columns[k:])
+            ]
+            for t in (p, *(buffers if self.buffers_like_param else ())):
                 if t is not None and (t.shape != g.shape or t.dtype != g.dtype):
                     raise self._mismatch_error(i, p, g, buffers)
+            # a param with a buffer to create, or whose math looks across elements, steps by itself
+            alone = not self.per_element or self.creating(hyperparams, buffers)
             # Without params the math never reads p: only weight decay does, and `update`
             # refuses it without params. The in-place paths then take p as None.
             like = g if p is None else p  # what the update is shaped and typed like
-            if not lists_ok or not numeric or g.is_sparse:
+            if not lists_ok or not numeric or g.is_sparse or alone:
                 in_lists = False
             elif eager:
                 in_lists = inplace.fresh_in_lists(like)
@@ -370,6 +415,7 @@ class Algorithm:
                         like.dtype,
                         like.device,
                         p is None,
+                        tuple(b is None for b in buffers),
                         not eager and records((p, g), buffers),
                     ),
                     (coefficients, [], [[] for _ in range(2 + len(buffers))]),
@@ -379,13 +425,13 @@ class Algorithm:
                     column.append(t)
                 updates.append(None)
                 continue
-            if eager and numeric and not g.is_sparse and self.per_element and inplace.blockable(p, *buffers):
+            if eager and numeric and not g.is_sparse and not alone and inplace.blockable(p, *buffers):
                 out, buffers = inplace.fresh_step(self, coefficients, hyperparams, p, g, buffers)
             else:
                 out, buffers = self._pure_step(p, g, buffers, coefficients, hyperparams)
             updates.append(out)
             for column, value in zip(new_columns[k:], buffers):
-                column[i] = value
+                column[i] = MaskedNode() if value is None else value
         for coefficients, indices, group in lists.values():
             if eager:
                 outs, new_buffers = inplace.fresh_lists(self, coefficients, hyperparams, group)
@@ -394,8 +440,20 @@ class Algorithm:
             for j, i in enumerate(indices):
                 updates[i] = outs[j]
                 for column, values in zip(new_columns[k:], new_buffers):
-                    column[i] = values[j]
+                    column[i] = MaskedNode() if values is None else values[j]
         return updates, new_columns
+
+    def creating(self, hyperparams: Hyperparams, buffers: Sequence[Tensor | None]) -> bool:
+        """Whether the math creates one of these buffers (absent, and named by `creates`)."""
+        if all(b is not None for b in buffers):
+            return False
+        creates = self.creates(**hyperparams)
+        return any(b is None and name in creates for name, b in zip(self.buffer_fields, buffers))
+
+    @property
+    def buffer_fields(self) -> tuple[str, ...]:
+        """The state's fields that are per-param buffers (not counters)."""
+        return self.fields[len(self.counters) :]
 
     def _mismatch_error(self, i: int, p: Tensor | None, g: Tensor, buffers: Sequence[Tensor]) -> ValueError:
         """Shapes that differ would broadcast: the update, the new state and then the
@@ -484,27 +542,25 @@ class Algorithm:
         """One param's step with `Pure` ops; complex tensors run as pairs of reals."""
         is_complex = g.is_complex()  # then so are p and the buffers (checked)
         if is_complex:  # real tensors need no views (fewer for torch.compile to trace)
-            p, g, buffers = None if p is None else as_real(p), as_real(g), [as_real(b) for b in buffers]
+            p, g, buffers = as_real(p), as_real(g), [as_real(b) for b in buffers]
         out, new = self.elementwise(Pure, None, p, g, *buffers, coefficients, **hyperparams)
         if not is_complex:
             return out, list(new)
-        return torch.view_as_complex(out), [torch.view_as_complex(b) for b in new]
+        return as_complex(out), [as_complex(b) for b in new]
 
     def _pure_lists(
-        self, coefficients: tuple[Any, ...], hyperparams: Hyperparams, columns: Sequence[list[Tensor]]
-    ) -> tuple[list[Tensor], list[list[Tensor]]]:
+        self, coefficients: tuple[Any, ...], hyperparams: Hyperparams, columns: Sequence[list[Any]]
+    ) -> tuple[list[Any], list[Any]]:
         """`_pure_step` for a group of params of one dtype, with `PureForEach` ops.
         `columns` holds the params (all None for an update without params), their
         gradients, then each buffer."""
         ps, gs, *buffers = columns
-        real = lambda ts: TensorList(as_real(t) for t in ts)  # noqa: E731
+        real = lambda ts: None if ts[0] is None else TensorList(as_real(t) for t in ts)  # noqa: E731
         out, new = self.elementwise(
-            PureForEach, None, None if ps[0] is None else real(ps), real(gs),
-            *(real(b) for b in buffers), coefficients, **hyperparams,
-        )  # fmt: skip
-        if not gs[0].is_complex():
-            return list(out), [list(b) for b in new]
-        return [torch.view_as_complex(t) for t in out], [[torch.view_as_complex(t) for t in b] for b in new]
+            PureForEach, None, real(ps), real(gs), *(real(b) for b in buffers), coefficients, **hyperparams
+        )
+        back = as_complex if gs[0].is_complex() else lambda t: t
+        return [back(t) for t in out], [None if b is None else [back(t) for t in b] for b in new]
 
     # -- torch.optim's per-param state ----------------------------------------
 
@@ -515,10 +571,13 @@ class Algorithm:
         (on the param's device if capturable or fused), buffers are shaped like `p`."""
         initial = self.initial(**hyperparams)
         k = len(self.counters)
+        on_device = on_device or self.counters_on_device
         state = {
             name: torch_counter(v, p, on_device=on_device, fused=fused)
             for name, v in zip(self.fields[:k], initial[:k])
         }
         for name, v in zip(self.fields[k:], initial[k:]):
-            state[name] = full_like(p, v)
+            buffer = initial_buffer(p, v)
+            if buffer is not None:  # absent: torch has no such key (yet)
+                state[name] = buffer
         return state

@@ -92,7 +92,9 @@ def flatten_together(
             except ValueError as e:
                 raise _structure_error(names, j, hint + _list_or_tuple(tree, other), str(e)) from None
             # `tree` as a mere prefix of `other` (a tensor where `other` has a dict)
-            wrong = next((x for x in column if x is not None and not isinstance(x, Tensor)), None)
+            wrong = next(
+                (x for x in column if x is not None and not isinstance(x, (Tensor, MaskedNode))), None
+            )
             if wrong is not None:
                 raise _structure_error(names, j, hint, f"it has {a_kind(wrong)} where a leaf belongs")
             columns.append(column)
@@ -321,10 +323,16 @@ def _chain_update(
     return updates, tuple(new_state)
 
 
-def as_real(t: Tensor) -> Tensor:
+def as_real(t: Any) -> Any:
     """A complex tensor as a real view with a trailing dimension of 2, as torch.optim
-    steps complex params; a real tensor as it is."""
-    return torch.view_as_real(t) if t.is_complex() else t
+    steps complex params; a real tensor (or None, an absent buffer) as it is."""
+    return torch.view_as_real(t) if t is not None and t.is_complex() else t
+
+
+def as_complex(t: Any) -> Any:
+    """`as_real` undone: a real view with a trailing dimension of 2 as a complex tensor;
+    None (an absent buffer) as it is."""
+    return None if t is None else torch.view_as_complex(t)
 
 
 def real_dtype(t: Tensor) -> torch.dtype:

@@ -59,15 +59,17 @@ def fresh_in_lists(t: Tensor) -> bool:
 
 
 def run(algorithm: Any, coefficients: Any, hyperparams: Any, out: Any, p: Any, g: Any,
-        buffers: Sequence[Any], ops: Any = InPlace) -> None:  # fmt: skip
+        buffers: Sequence[Any], ops: Any = InPlace) -> list[Any]:  # fmt: skip
     """The math on one set of (real) tensors, or with `ForEach` on lists of them: `out`
-    and `buffers` are updated in place."""
+    and `buffers` are updated in place. Returns the buffers: a buffer the math created
+    where it was absent (None) is new, for the caller to keep."""
     result, new = algorithm.elementwise(ops, out, p, g, *buffers, coefficients, **hyperparams)
     if isinstance(result, Fresh):  # the math never wrote the update: it is zero
         result.memory.zero_()
     for old, value in zip(buffers, new):
-        if value is not old:
+        if value is not old and old is not None:
             ops.copy_(old, value)
+    return list(new)
 
 
 def run_lists(algorithm: Any, coefficients: Any, hyperparams: Any,
@@ -75,7 +77,7 @@ def run_lists(algorithm: Any, coefficients: Any, hyperparams: Any,
     """Step a group of params in place with `ForEach`: one kernel per op for the whole
     group, as torch's foreach path (on a GPU, per-tensor ops are bound by launches).
     `columns` holds the params, their gradients, then each buffer."""
-    p, g, *buffers = (TensorList(column) for column in columns)
+    p, g, *buffers = (None if column[0] is None else TensorList(column) for column in columns)
     run(algorithm, coefficients, hyperparams, p, p, g, buffers, ForEach)
 
 
@@ -97,7 +99,8 @@ def run_blocks(algorithm: Any, coefficients: Any, hyperparams: Any, out: Tensor,
     for block_out, block_p, block_g, block_buffers, block_sources in _blocks(out, p, g, buffers, sources):
         if block_sources is not None:
             for b, s in zip(block_buffers, block_sources):
-                b.copy_(s)
+                if b is not None:
+                    b.copy_(s)
         run(algorithm, coefficients, hyperparams, block_out if block_sources is None else Fresh(block_out),
             block_p, block_g, block_buffers)  # fmt: skip
 
@@ -112,14 +115,22 @@ def _blocks(out: Tensor, p: Tensor | None, g: Tensor, buffers: Sequence[Tensor],
         return
     flat_p = None if p is None else p.view(-1)
     flat_out, flat_g = out.view(-1), g.reshape(-1)
-    flat_buffers = [b.view(-1) for b in buffers]
-    flat_sources = None if sources is None else [s.reshape(-1) for s in sources]
+    flat_buffers = [None if b is None else b.view(-1) for b in buffers]
+    flat_sources = None if sources is None else [None if s is None else s.reshape(-1) for s in sources]
     for i in range(0, n, SEGMENT):
         j = i + SEGMENT
         block_p = None if flat_p is None else flat_p[i:j]
         block_out = block_p if block_p is not None and out is p else flat_out[i:j]
-        block_sources = None if flat_sources is None else [s[i:j] for s in flat_sources]
-        yield block_out, block_p, flat_g[i:j], [b[i:j] for b in flat_buffers], block_sources
+        block_sources = (
+            None if flat_sources is None else [None if s is None else s[i:j] for s in flat_sources]
+        )
+        yield (
+            block_out,
+            block_p,
+            flat_g[i:j],
+            [None if b is None else b[i:j] for b in flat_buffers],
+            block_sources,
+        )
 
 
 FEW = 16
@@ -132,23 +143,24 @@ def run_chunk(algorithm: Any, coefficients: Any, hyperparams: Any,
     """Step several small params in place at once.
 
     `chunk` holds the params, their gradients, then each buffer, all with one trailing
-    shape (``t.shape[1:]``). The math runs on their concatenation along the first
-    dimension; the results are copied back.
+    shape (``t.shape[1:]``), or Nones for a buffer absent from all. The math runs on their
+    concatenation along the first dimension; the results are copied back.
     """
     if len(chunk[0]) == 1:
         p, g, *buffers = (column[0] for column in chunk)
         run(algorithm, coefficients, hyperparams, p, p, g, buffers)
         return
-    p, g, *buffers = [torch.cat(column) for column in chunk]
+    p, g, *buffers = [None if column[0] is None else torch.cat(column) for column in chunk]
     run(algorithm, coefficients, hyperparams, p, p, g, buffers)
     sizes = [t.shape[0] for t in chunk[0]]
     for targets, result in zip((chunk[0], *chunk[2:]), (p, *buffers)):
-        torch.split_with_sizes_copy(result, sizes, 0, out=targets)  # no views: faster
+        if result is not None:
+            torch.split_with_sizes_copy(result, sizes, 0, out=targets)  # no views: faster
 
 
 def _flat_viewable(chunk: Sequence[list[Tensor]]) -> bool:
     """Whether the params and buffers of `chunk` have flat views, which writes reach."""
-    return all(t.is_contiguous() for column in (chunk[0], *chunk[2:]) for t in column)
+    return all(t is None or t.is_contiguous() for column in (chunk[0], *chunk[2:]) for t in column)
 
 
 class Chunks:
@@ -172,7 +184,7 @@ class Chunks:
         """Queue a param with its gradient and buffers; `key` holds what its chunk shares
         with it besides the trailing shape (schedule, dtype, device), and `numel` is
         ``p.numel()``, which the caller has read."""
-        row = (p, g, *buffers) if p.ndim else [t.view(1) for t in (p, g, *buffers)]
+        row = (p, g, *buffers) if p.ndim else [None if t is None else t.view(1) for t in (p, g, *buffers)]
         key = (key, row[0].shape[1:])
         entry = self.open.get(key)
         if entry is None:
@@ -190,7 +202,7 @@ class Chunks:
                 continue
             entry = flat.setdefault(key, [coefficients, [[] for _ in chunk], 0])
             for column, ts in zip(entry[1], chunk):
-                column.extend([t.flatten() for t in ts] if tail else ts)
+                column.extend([None if t is None else t.flatten() for t in ts] if tail else ts)
             self._grow(flat, key, entry, size)  # merged groups too stay near `CHUNK`
         for coefficients, columns, _ in flat.values():
             run_chunk(self.algorithm, coefficients, self.hyperparams, columns)
@@ -212,7 +224,7 @@ def fresh_step(algorithm: Any, coefficients: Any, hyperparams: Any, p: Tensor | 
     # like the param (contiguous, see `blockable`), or, without params, a contiguous
     # tensor like the gradient
     update = torch.empty_like(g if p is None else p, memory_format=torch.contiguous_format)
-    new = [torch.empty_like(b) for b in buffers]
+    new = [None if b is None else torch.empty_like(b) for b in buffers]
     run_blocks(algorithm, coefficients, hyperparams, as_real(update), None if p is None else as_real(p), as_real(g),
                [as_real(b) for b in new], [as_real(b) for b in buffers])  # fmt: skip
     return update, new
@@ -227,10 +239,21 @@ def fresh_lists(algorithm: Any, coefficients: Any, hyperparams: Any, columns: Se
     ps, gs, *buffers = columns
     updates = [torch.empty_like(g if p is None else p) for p, g in zip(ps, gs)]
     torch._foreach_zero_(updates)
-    new = [[torch.empty_like(b) for b in column] for column in buffers]
+    new: list[Any] = [
+        None if column[0] is None else [torch.empty_like(b) for b in column] for column in buffers
+    ]
     for targets, sources in zip(new, buffers):
-        torch._foreach_copy_(targets, sources)
-    real = lambda ts: TensorList(as_real(t) for t in ts)  # noqa: E731
-    run(algorithm, coefficients, hyperparams, real(updates), None if ps[0] is None else real(ps),
-        real(gs), [real(c) for c in new], ForEach)  # fmt: skip
+        if targets is not None:
+            torch._foreach_copy_(targets, sources)
+    real = lambda ts: None if ts is None or ts[0] is None else TensorList(as_real(t) for t in ts)  # noqa: E731
+    run(
+        algorithm,
+        coefficients,
+        hyperparams,
+        real(updates),
+        real(ps),
+        real(gs),
+        [real(c) for c in new],
+        ForEach,
+    )
     return updates, new

@@ -110,6 +110,7 @@ class InPlace:
     addcmul_ = staticmethod(Tensor.addcmul_)
 
     copy_ = staticmethod(Tensor.copy_)
+    clone = staticmethod(torch.clone)
 
     @staticmethod
     def add_(x: Tensor | Fresh, y: Tensor | Coef, alpha: Coef = 1) -> Tensor:
@@ -252,6 +253,7 @@ class Pure:
     sqrt = staticmethod(torch.sqrt)
     sqrt_ = staticmethod(torch.sqrt)
     maximum_ = staticmethod(torch.maximum)
+    clone = staticmethod(torch.clone)
 
     @staticmethod
     def add(x: Tensor, y: Tensor | Coef, alpha: Coef = 1) -> Tensor:

@@ -1,0 +1,170 @@
+"""SGD with momentum, dampening and Nesterov momentum (``torch.optim.SGD``).
+
+.. math::
+   g_t \\leftarrow g_t + \\lambda \\theta_{t-1}, \\quad
+   b_t = \\begin{cases} g_t & t = 1 \\\\ \\mu b_{t-1} + (1 - \\tau) g_t & t > 1 \\end{cases}, \\quad
+   \\theta_t = \\theta_{t-1} - \\gamma \\,(g_t + \\mu b_t \\text{ if Nesterov, else } b_t)
+
+The momentum buffer is torch's ``momentum_buffer``: absent without momentum, and a copy
+of the first gradient at the first step (so dampening starts at the second).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from torch import Tensor
+from torch.optim.optimizer import ParamsT
+
+from .adapter import Optimizer
+from .algorithm import Algorithm, Bound, Hyperparams
+from .base import GradientTransformation, Params
+from .ops import Coef, Ops, nonzero
+
+
+class SGDState(NamedTuple):
+    """Per-param state with torch's key: the momentum buffer (an empty node without
+    momentum, and before the first step)."""
+
+    momentum_buffer: Params
+
+
+def _initial(**_: Any) -> SGDState:
+    return SGDState(momentum_buffer=None)  # created at the first step
+
+
+def _creates(*, momentum: Coef, **_: Any) -> tuple[str, ...]:
+    return ("momentum_buffer",) if nonzero(momentum) else ()
+
+
+def _schedule(*, lr: Coef, **_: Any) -> tuple[tuple[()], tuple[Coef]]:
+    return (), (lr,)
+
+
+def _elementwise(
+    o: Ops,
+    out: Tensor | None,
+    p: Tensor,
+    g: Tensor,
+    momentum_buffer: Tensor | None,
+    coefficients: tuple[Coef],
+    *,
+    momentum: Coef,
+    dampening: Coef,
+    weight_decay: Coef,
+    nesterov: bool,
+    maximize: bool,
+    **_: Any,
+) -> tuple[Tensor, tuple[Tensor | None]]:
+    (lr,) = coefficients
+    if maximize:
+        g = o.neg(g)
+    if nonzero(weight_decay):
+        g = o.add(g, p, alpha=weight_decay)
+    if nonzero(momentum):
+        if momentum_buffer is None:  # the first step: a copy of the gradient
+            momentum_buffer = o.clone(g)
+        else:
+            momentum_buffer = o.add_(o.mul_(momentum_buffer, momentum), g, alpha=1 - dampening)
+        g = o.add(g, momentum_buffer, alpha=momentum) if nesterov else momentum_buffer
+    out = o.add_(out, g, alpha=-lr)
+    return out, (momentum_buffer,)
+
+
+def _validate(hp: Hyperparams) -> None:
+    momentum, dampening = hp.get("momentum", 0), hp.get("dampening", 0)
+    if hp.get("nesterov") and not isinstance(momentum, Tensor) and not isinstance(dampening, Tensor):
+        if momentum <= 0 or dampening != 0:
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+
+
+SGD_ = Algorithm(
+    name="SGD",
+    state=SGDState,
+    counters=(),
+    initial=_initial,
+    schedule=_schedule,
+    elementwise=_elementwise,
+    bounds=(
+        Bound("lr", "Invalid learning rate: {}"),
+        Bound("momentum", "Invalid momentum value: {}"),
+        Bound("weight_decay", "Invalid weight_decay value: {}"),
+    ),
+    sparse=True,
+    creates=_creates,
+    validate=_validate,
+)
+
+
+def sgd(
+    lr: float | Tensor = 1e-3,
+    momentum: float | Tensor = 0.0,
+    dampening: float | Tensor = 0.0,
+    weight_decay: float | Tensor = 0.0,
+    nesterov: bool = False,
+    *,
+    maximize: bool = False,
+) -> GradientTransformation:
+    """SGD as a pure transformation, with ``torch.optim.SGD``'s arguments and defaults.
+
+    Args:
+        lr: learning rate.
+        momentum: momentum factor (0: no momentum buffer).
+        dampening: dampening of the momentum (from the second step on, as in torch).
+        weight_decay: L2 penalty, added to the gradient.
+        nesterov: Nesterov momentum (needs a momentum and zero dampening).
+        maximize: maximize the objective instead of minimizing it.
+
+    The state's ``momentum_buffer`` is an empty node until the first update, which sets
+    it to a copy of the gradient, as torch's first step does.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> params = {"w": torch.tensor([1.0, -2.0])}
+        >>> tx = fo.sgd(lr=0.1, momentum=0.9)
+        >>> state = tx.init(params)
+        >>> updates, state = tx.update({"w": torch.tensor([0.5, -0.5])}, state, params)
+        >>> fo.apply_updates(params, updates)["w"], state.momentum_buffer["w"]
+        (tensor([ 0.9500, -1.9500]), tensor([ 0.5000, -0.5000]))
+    """
+    return SGD_.transform(
+        lr=lr,
+        momentum=momentum,
+        dampening=dampening,
+        weight_decay=weight_decay,
+        nesterov=nesterov,
+        maximize=maximize,
+    )
+
+
+class SGD(Optimizer):
+    """Drop-in ``torch.optim.SGD``: same arguments, state keys and ``state_dict`` format,
+    running funcopt's `sgd` math in place."""
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float | Tensor = 1e-3,
+        momentum: float = 0,
+        dampening: float = 0,
+        weight_decay: float | Tensor = 0,
+        nesterov: bool = False,
+        *,
+        maximize: bool = False,
+        foreach: bool | None = None,
+        differentiable: bool = False,
+        fused: bool | None = None,
+    ) -> None:
+        super().__init__(
+            params,
+            SGD_,
+            lr=lr,
+            momentum=momentum,
+            dampening=dampening,
+            weight_decay=weight_decay,
+            nesterov=nesterov,
+            maximize=maximize,
+            foreach=foreach,
+            differentiable=differentiable,
+            fused=fused,
+        )
