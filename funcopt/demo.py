@@ -8,8 +8,8 @@
 3. MAML on sinusoid regression: a second-order, differentiable inner loop of
    ``fo.inner_loop``; adaptation to a new task before and after meta-training.
 
-Writes ``funcopt_demo.png`` (or ``--out PATH``). Needs matplotlib (the ``demo`` extra,
-``pip install -e ".[demo]"`` in a clone); without it, only the numbers are printed.
+Writes ``funcopt_demo.png`` (or ``--out PATH``). Needs matplotlib (the ``demo`` extra:
+``pip install torch==2.13.0 -e ".[demo]"`` in a clone); without it, only the numbers are printed.
 About half a minute on 2 idle CPU cores, more when they are busy. Progress bars show
 on a terminal only.
 """
