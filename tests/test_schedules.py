@@ -222,6 +222,7 @@ def test_one_compiled_graph_for_every_count(name, kwargs, horizon):
         assert counter.frame_count == 1
 
 
+@pytest.mark.slow
 def test_compiled_with_inductor():
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
