@@ -61,6 +61,7 @@ HYPER: dict[str, dict[str, float]] = {
         "weight_decay": 0.05,
         "momentum_decay": 0.05,
     },
+    "SGD": {"lr": 0.1, "momentum": 0.8, "dampening": 0.2, "weight_decay": 0.05},
 }
 
 
