@@ -85,7 +85,7 @@ def test_masked_passes_other_updates_through_and_keeps_no_state_for_them():
     tx = fo.masked(fo.adamax(lr=0.1), is_weight)
     state = tx.init(params)
     assert isinstance(state, fo.MaskedState)
-    assert state.inner.exp_avg["layer1"]["bias"] is None
+    assert isinstance(state.inner.exp_avg["layer1"]["bias"], fo.MaskedNode)  # no state, and no None leaf
     assert state.inner.exp_avg["layer1"]["weight"].shape == (4, 3)
     for g in grads:
         updates, state = tx.update(g, state, params)
@@ -250,3 +250,219 @@ def test_bad_masks_and_labels():
         tx.update(params, {"decay": tx.init(params)["decay"]}, params)
     with pytest.raises(TypeError, match="masked update got a state of type AdamaxState"):
         fo.masked(fo.adamax(), is_weight).update(params, fo.adamax().init(params), params)
+
+
+def scaling(factor):
+    """A stateless transformation that multiplies the updates: which leaves it changed
+    shows which leaves a mask or labels selected."""
+    return fo.GradientTransformation(
+        lambda params: fo.EmptyState(),
+        lambda updates, state, params=None: (optree.tree_map(lambda u: u * factor, updates), state),
+    )
+
+
+def recorder(calls):
+    """A stateless transformation that records the extra arguments of each update."""
+
+    def update(updates, state, params=None, **extra_args):
+        calls.append(extra_args)
+        return updates, state
+
+    return fo.GradientTransformation(lambda params: fo.EmptyState(), update)
+
+
+def weights_of(tree):
+    return {k: v["weight"] for k, v in tree.items()}
+
+
+def test_masked_and_partition_states_cross_vmap():
+    """No None in a masked state: vmap(init) and a vmapped update over a batch of params
+    and grads (the members' own steps), where None leaves failed to come out of vmap."""
+    batch = {"w": torch.randn(3, 2, 2), "b": torch.randn(3, 2)}
+    grads = {"w": torch.randn(3, 2, 2), "b": torch.randn(3, 2)}
+    for tx in (
+        fo.masked(fo.nadam(weight_decay=0.1), {"w": True, "b": False}),
+        fo.partition({0: fo.nadam(), 1: fo.adamax()}, {"w": 0, "b": 1}),
+    ):
+        state = vmap(tx.init)(batch)
+        assert all(isinstance(t, torch.Tensor) for t in optree.tree_leaves(state, none_is_leaf=True))
+        updates, new_state = vmap(tx.update)(grads, state, batch)
+        for i in range(3):
+            one = optree.tree_map(lambda t, i=i: t[i], (grads, batch))
+            expected, expected_state = tx.update(one[0], tx.init(one[1]), one[1])
+            assert_same(optree.tree_map(lambda t, i=i: t[i], updates), expected, rtol=1e-6, atol=1e-7)
+            assert_same(optree.tree_map(lambda t, i=i: t[i], new_state), expected_state, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [
+        {"layer1": {"weight": True, "bias": True}, "layer2": {"weight": False, "bias": False}},
+        {"layer1": True, "layer2": False},
+        lambda tree: {"layer1": True, "layer2": False},
+    ],
+    ids=["tree", "prefix", "function-of-a-prefix"],
+)
+def test_mask_as_a_prefix_of_the_params(mask):
+    """A bool for a whole subtree, as optax takes it: NAdam on layer1 alone, layer2's
+    updates passed through, and no state kept for layer2."""
+    params = model_params()
+    grads_seq = gradient_sequence(params)
+    tx = fo.masked(fo.nadam(lr=0.05, weight_decay=0.1), mask)
+    state = tx.init(params)
+    alone = fo.nadam(lr=0.05, weight_decay=0.1)
+    alone_state = alone.init(params["layer1"])
+    for grads in grads_seq:
+        updates, state = tx.update(grads, state, params)
+        expected, alone_state = alone.update(grads["layer1"], alone_state, params["layer1"])
+        assert_same(updates["layer1"], expected, rtol=0, atol=0)
+        assert_same(updates["layer2"], grads["layer2"], rtol=0, atol=0)
+    assert_same([field["layer1"] for field in state.inner], list(alone_state), rtol=0, atol=0)
+    assert not optree.tree_leaves([field["layer2"] for field in state.inner])  # MaskedNode: no state
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [{"layer1": 0, "layer2": 1}, lambda tree: {"layer1": 0, "layer2": 1}],
+    ids=["prefix", "function-of-a-prefix"],
+)
+def test_partition_with_prefix_labels_that_are_not_strings(labels):
+    """Labels for whole subtrees, any keys of `transforms` (ints here): each part steps as
+    its transformation alone on it."""
+    params = model_params()
+    grads_seq = gradient_sequence(params)
+    tx = fo.partition({0: fo.nadam(lr=0.05), 1: fo.adamax(lr=0.1, weight_decay=0.1)}, labels)
+    new, state = run(tx, params, grads_seq)
+    assert sorted(state) == [0, 1]
+    assert_same(new["layer1"], run(fo.nadam(lr=0.05), params["layer1"], [g["layer1"] for g in grads_seq])[0])
+    expected = run(fo.adamax(lr=0.1, weight_decay=0.1), params["layer2"], [g["layer2"] for g in grads_seq])[0]
+    assert_same(new["layer2"], expected, rtol=0, atol=0)
+
+
+def test_empty_params():
+    """Params with no leaves (a model part with no params) make no error, as in optax."""
+    tx = fo.partition({0: fo.adagrad()}, lambda _: 0)
+    state = tx.init([])
+    assert tx.update([], state, []) == ([], state)
+    tx = fo.masked(fo.adagrad(), lambda _: True)
+    assert tx.update({}, tx.init({}), {})[0] == {}
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda optax, scale: (
+            optax.masked(scale(2.0), {"layer1": True, "layer2": False}),
+            fo.masked(scaling(2.0), {"layer1": True, "layer2": False}),
+        ),
+        lambda optax, scale: (
+            optax.masked(scale(2.0), lambda t: {"layer1": {"weight": False, "bias": True}, "layer2": True}),
+            fo.masked(scaling(2.0), lambda t: {"layer1": {"weight": False, "bias": True}, "layer2": True}),
+        ),
+        lambda optax, scale: (optax.masked(scale(2.0), False), fo.masked(scaling(2.0), False)),
+        lambda optax, scale: (
+            optax.partition({0: scale(2.0), 1: scale(3.0)}, {"layer1": 0, "layer2": 1}),
+            fo.partition({0: scaling(2.0), 1: scaling(3.0)}, {"layer1": 0, "layer2": 1}),
+        ),
+        lambda optax, scale: (
+            optax.partition(
+                {"a": scale(2.0), "b": scale(3.0), "c": scale(5.0)},
+                lambda t: {"layer1": {"weight": "a", "bias": "c"}, "layer2": "b"},
+            ),
+            fo.partition(
+                {"a": scaling(2.0), "b": scaling(3.0), "c": scaling(5.0)},
+                lambda t: {"layer1": {"weight": "a", "bias": "c"}, "layer2": "b"},
+            ),
+        ),
+    ],
+    ids=["masked-prefix", "masked-function-mixed", "masked-bool", "partition-prefix", "partition-mixed"],
+)
+def test_masks_and_labels_select_as_in_optax(make):
+    """optax (the oracle) and funcopt select the same leaves for the same mask or labels."""
+    optax = pytest.importorskip("optax")
+    jnp = pytest.importorskip("jax.numpy")
+    np = pytest.importorskip("numpy")
+    params = model_params()
+    grads = gradient_sequence(params, steps=1)[0]
+    theirs, ours = make(optax, optax.scale)
+    as_jax = optree.tree_map(lambda t: jnp.asarray(t.numpy()), (grads, params))
+    expected, _ = theirs.update(as_jax[0], theirs.init(as_jax[1]), as_jax[1])
+    updates, _ = ours.update(grads, ours.init(params), params)
+    expected = optree.tree_map(lambda a: torch.from_numpy(np.array(a)), expected)
+    assert_same(updates, expected, rtol=1e-6, atol=0)
+
+
+def test_extra_args_pass_to_the_inner_transformations():
+    """``update(grads, state, params, **extra_args)`` passes them on (to every part of a
+    partition); an inner update that takes none still serves when none are given."""
+    params = model_params()
+    calls = []
+    for tx in (
+        fo.masked(recorder(calls), is_weight),
+        fo.partition({"decay": recorder(calls), "no_decay": recorder(calls)}, by_rank),
+    ):
+        tx.update(params, tx.init(params), params, loss=torch.tensor(1.0), tag="x")
+    assert len(calls) == 3 and all(sorted(c) == ["loss", "tag"] for c in calls)
+    fo.masked(fo.nadam(), is_weight).update(params, fo.masked(fo.nadam(), is_weight).init(params), params)
+
+
+def test_a_mask_deeper_than_the_params_or_not_of_bools():
+    params = {"w": torch.ones(2), "b": torch.ones(2)}
+    with pytest.raises(ValueError, match="masked init: the mask does not have the structure of the params"):
+        fo.masked(fo.adamax(), {"w": {"x": True}, "b": True}).init(params)
+    with pytest.raises(TypeError, match="masked update: the mask holds an int where a bool belongs"):
+        fo.masked(fo.adamax(), lambda t: {"w": 1, "b": True}).update(params, fo.EmptyState(), params)
+    with pytest.raises(ValueError, match=r"partition: labels \[None\] name no transformation"):
+        fo.partition({0: fo.adamax()}, {"w": 0, "b": None}).init(params)
+
+
+def test_adapter_state_dict_round_trip_with_masks():
+    """fo.Optimizer keeps a masked state per param (None for a param outside a mask, as in
+    checkpoints saved before MaskedNode): state_dict, torch.save and torch.load
+    (weights_only) and load_state_dict into a new optimizer continue the run exactly."""
+    params = model_params()
+    grads_seq = gradient_sequence(params, steps=4)
+
+    def make(lr):
+        return fo.chain(
+            fo.masked(fo.nadam(lr=lr, weight_decay=0.1), is_weight),
+            fo.masked(fo.adamax(lr=lr), lambda t: optree.tree_map(lambda w: not w, is_weight(t))),
+        )
+
+    def steps(opt, tensors, grads_seq):
+        for grads in grads_seq:
+            for t, g in zip(tensors, optree.tree_leaves(grads)):
+                t.grad = g.clone()
+            opt.step()
+
+    straight = [p.clone().requires_grad_() for p in optree.tree_leaves(params)]
+    steps(fo.Optimizer(straight, make, lr=0.01), straight, grads_seq)
+    resumed = [p.clone().requires_grad_() for p in optree.tree_leaves(params)]
+    opt = fo.Optimizer(resumed, make, lr=0.01)
+    steps(opt, resumed, grads_seq[:2])
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)
+    buffer.seek(0)
+    opt = fo.Optimizer(resumed, make, lr=0.01)
+    opt.load_state_dict(torch.load(buffer))
+    steps(opt, resumed, grads_seq[2:])
+    assert_same(resumed, straight, rtol=0, atol=0)
+
+
+def test_adapter_with_a_mask_for_all_params():
+    """A mask that is one bool (a prefix of any params) in fo.Optimizer: Adamax on every
+    param, NAdam on none, as torch's Adamax."""
+    params = model_params()
+    grads_seq = gradient_sequence(params)
+    tensors = [p.clone().requires_grad_() for p in optree.tree_leaves(params)]
+    opt = fo.Optimizer(
+        tensors, lambda lr: fo.chain(fo.masked(fo.adamax(lr=lr), True), fo.masked(fo.nadam(), False)), lr=0.01
+    )
+    expected = [p.clone().requires_grad_() for p in optree.tree_leaves(params)]
+    reference = torch.optim.Adamax(expected, lr=0.01)
+    for grads in grads_seq:
+        for t, e, g in zip(tensors, expected, optree.tree_leaves(grads)):
+            t.grad, e.grad = g.clone(), g.clone()
+        opt.step()
+        reference.step()
+    assert_same(tensors, expected, rtol=1e-6, atol=1e-7)
