@@ -21,7 +21,18 @@ import optree
 import torch
 from torch import Tensor
 
-from .base import GradientTransformation, MaskedNode, Params, State, Updates, a_kind, check_transformation
+from .base import (
+    GradientTransformation,
+    MaskedNode,
+    Params,
+    State,
+    Updates,
+    a_kind,
+    chain,
+    check_transformation,
+    readable,
+    tracing,
+)
 
 __all__ = [
     "ApplyIfFiniteState",
@@ -35,7 +46,9 @@ __all__ = [
     "inject_hyperparams",
     "lookahead",
     "schedule_free",
+    "schedule_free_adamw",
     "schedule_free_eval_params",
+    "schedule_free_sgd",
     "skip_large_updates",
     "skip_not_finite",
 ]
@@ -114,10 +127,16 @@ def _map_updates(fn: Callable[..., Any], updates: Updates, *others: Any, who: st
         ) from None
 
 
+class _CannotPick(ValueError):
+    """Two states that `_where` cannot choose between leaf by leaf."""
+
+
 def _where(keep_new: Tensor, new: Any, old: Any, who: str) -> Any:
     """`new` where `keep_new` is True, else `old`, leaf by leaf over two states of one
     structure (optax's ``lax.cond`` between them); each leaf keeps `old`'s dtype, so
-    that the state's dtypes do not change from step to step. Leaves that one tensor
+    that the state's dtypes do not change from step to step. States of two structures
+    (a buffer made at the first step) are chosen as a whole in Python, where the
+    condition may be read (not under torch.compile or torch.func). Leaves that one tensor
     fills in both states (the step counter that an algorithm shares among its params)
     get one tensor in the result too: a compiled step guards on that sharing."""
     picked: dict[tuple[int, int], Tensor] = {}  # eager: by id
@@ -141,17 +160,22 @@ def _where(keep_new: Tensor, new: Any, old: Any, who: str) -> Any:
             return result
         if not isinstance(n, Tensor) and not isinstance(o, Tensor) and (n is o or n == o):
             return o
-        raise TypeError(
-            f"{who}: the inner state holds {a_kind(o)} where its update returned {a_kind(n)}; this wrapper "
-            "chooses between the old and the new state with torch.where, which needs tensors there"
-        )
+        raise _CannotPick(f"it holds {a_kind(o)} where its update returned {a_kind(n)}")
 
     try:
         return optree.tree_map(pick, new, old)
     except ValueError as e:
+        # a buffer made at the first step (fo.sgd's momentum buffer, an empty node before):
+        # no tensor to pick from on one side; choose the whole state in Python where one may
+        if not tracing() and readable(keep_new):
+            return new if bool(keep_new) else old
         raise ValueError(
-            f"{who}: the inner transformation's update returned a state of another structure than the one it "
-            f"was given ({e}); this wrapper needs states of one structure"
+            f"{who}: the inner state has another structure after this step than before it ({e}), as where "
+            "a buffer appears at the first step (fo.sgd's momentum buffer), or holds other Python values. "
+            "Under torch.compile or torch.func "
+            "the wrapper cannot choose between the two states with torch.where: take the first steps outside "
+            "them, until the inner transformation has stepped once, or use an inner transformation whose "
+            "state keeps its structure"
         ) from None
 
 
@@ -345,8 +369,7 @@ class MultiSteps:
 
     Example:
         >>> import torch, funcopt as fo
-        >>> sgd = fo.GradientTransformation(lambda p: fo.EmptyState(), lambda g, s, p=None: ([-x for x in g], s))
-        >>> opt = fo.MultiSteps(sgd, every_k_schedule=2)
+        >>> opt = fo.MultiSteps(fo.sgd(lr=1.0), every_k_schedule=2)
         >>> params = [torch.zeros(1)]
         >>> state = opt.init(params)
         >>> updates, state = opt.update([torch.tensor([1.0])], state, params)
@@ -826,8 +849,7 @@ def lookahead(
 
     Example:
         >>> import torch, funcopt as fo
-        >>> sgd = fo.GradientTransformation(lambda p: fo.EmptyState(), lambda g, s, p=None: ([-x for x in g], s))
-        >>> tx = fo.lookahead(sgd, sync_period=2, slow_step_size=0.5)
+        >>> tx = fo.lookahead(fo.sgd(lr=1.0), sync_period=2, slow_step_size=0.5)
         >>> params = fo.LookaheadParams.init_synced([torch.zeros(1)])
         >>> state = tx.init(params)
         >>> for _ in range(2):
@@ -947,9 +969,7 @@ def schedule_free(
 
     Example:
         >>> import torch, funcopt as fo
-        >>> lr = 0.1
-        >>> sgd = fo.GradientTransformation(lambda p: fo.EmptyState(), lambda g, s, p=None: ([-lr * x for x in g], s))
-        >>> tx = fo.schedule_free(sgd, learning_rate=lr)
+        >>> tx = fo.schedule_free(fo.sgd(lr=0.1), learning_rate=0.1)
         >>> params = [torch.tensor([4.0])]
         >>> state = tx.init(params)
         >>> for _ in range(3):  # minimize x ** 2
@@ -1062,6 +1082,81 @@ def schedule_free_eval_params(state: ScheduleFreeState, params: Params) -> Param
         who="schedule_free_eval_params",
         what="the state's z",
     )
+
+
+def schedule_free_sgd(
+    learning_rate: float | Tensor = 1.0,
+    warmup_steps: int | None = None,
+    b1: float | Tensor = 0.9,
+    weight_decay: float | Tensor | None = None,
+    weight_lr_power: float | Tensor = 2.0,
+    state_dtype: torch.dtype | None = None,
+) -> GradientTransformation:
+    """Schedule-Free SGD, as ``optax.contrib.schedule_free_sgd``: `schedule_free` around
+    ``sgd(learning_rate)`` (with `weight_decay` added to the gradients first, if given),
+    the learning rate warmed up linearly from 0 over `warmup_steps` if given.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> tx = fo.schedule_free_sgd(learning_rate=0.1, warmup_steps=2)
+        >>> params = [torch.tensor([4.0])]
+        >>> state = tx.init(params)
+        >>> for _ in range(3):
+        ...     updates, state = tx.update([2 * params[0]], state, params)
+        ...     params = fo.apply_updates(params, updates)
+        >>> fo.schedule_free_eval_params(state, params)[0]
+        tensor([3.3180])
+    """
+    from .schedules import linear_schedule  # (these import nothing from this module, but keep it light)
+    from .transforms import add_decayed_weights, scale_by_learning_rate
+
+    lr: Any = learning_rate
+    if warmup_steps is not None:  # optax's warmup_constant_schedule
+        lr = linear_schedule(init_value=0.0, end_value=learning_rate, transition_steps=warmup_steps)
+    optimizer = scale_by_learning_rate(lr)
+    if weight_decay is not None:
+        optimizer = chain(add_decayed_weights(weight_decay), optimizer)
+    return schedule_free(optimizer, lr, b1=b1, weight_lr_power=weight_lr_power, state_dtype=state_dtype)
+
+
+def schedule_free_adamw(
+    learning_rate: float | Tensor = 0.0025,
+    warmup_steps: int | None = None,
+    b1: float | Tensor = 0.9,
+    b2: float | Tensor = 0.999,
+    eps: float | Tensor = 1e-8,
+    weight_decay: float | Tensor = 0.0,
+    weight_lr_power: float | Tensor = 2.0,
+    state_dtype: torch.dtype | None = None,
+) -> GradientTransformation:
+    """Schedule-Free AdamW, as ``optax.contrib.schedule_free_adamw``: `schedule_free`
+    around AdamW without its momentum (``scale_by_rms`` with Adam's bias correction and
+    eps outside the root, decoupled weight decay, the learning rate), the learning rate
+    warmed up linearly from 0 over `warmup_steps` if given.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> tx = fo.schedule_free_adamw(learning_rate=1.0)
+        >>> params = [torch.tensor([1.0, 2.0, 3.0])]
+        >>> state = tx.init(params)
+        >>> for _ in range(5):  # minimize the sum of squares
+        ...     updates, state = tx.update([2 * params[0]], state, params)
+        ...     params = fo.apply_updates(params, updates)
+        >>> round(float((fo.schedule_free_eval_params(state, params)[0] ** 2).sum()), 3)
+        0.413
+    """
+    from .schedules import linear_schedule
+    from .transforms import add_decayed_weights, scale_by_learning_rate, scale_by_rms
+
+    lr: Any = learning_rate
+    if warmup_steps is not None:
+        lr = linear_schedule(init_value=0.0, end_value=learning_rate, transition_steps=warmup_steps)
+    optimizer = chain(
+        scale_by_rms(decay=b2, eps=eps, eps_in_sqrt=False, bias_correction=True),
+        add_decayed_weights(weight_decay),
+        scale_by_learning_rate(lr),
+    )
+    return schedule_free(optimizer, lr, b1=b1, weight_lr_power=weight_lr_power, state_dtype=state_dtype)
 
 
 torch.serialization.add_safe_globals(  # load with torch.load(weights_only=True)
