@@ -190,8 +190,9 @@ def fsdp(rank: int, world: int, port: int, algorithms: list[str]) -> None:
         for model, optimizer in zip(models, optimizers):
             optimizer.zero_grad()
             F.mse_loss(model(x), y).backward()
-            if optimizer is optimizers[0]:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+            if optimizer is optimizers[0]:  # optax's rule, fo.clip_by_global_norm's (no 1e-6)
+                norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+                torch._foreach_mul_([p.grad for p in model.parameters()], 0.1 / torch.clamp(norm, min=0.1))
             optimizer.step()
     assert_params_close(list(models[1].parameters()), list(models[0].parameters()))
     teardown()
