@@ -15,7 +15,11 @@ children run with MALLOC_MMAP_THRESHOLD_=65536, so that glibc maps every large t
 apart and unmaps it when freed: resident memory then follows the live tensors, not the
 heap's history. Linux only (it reads /proc/self/status).
 
-    python benchmarks/step_memory.py [--algorithms NAdam,Adamax]
+``--quick`` leaves out the compiled step written back (one compilation per algorithm
+instead of two). With ``--write-table PATH`` it also writes the table as Markdown, with a
+line naming the run, for docs/performance.md to include.
+
+    python benchmarks/step_memory.py [--quick] [--algorithms NAdam,Adamax] [--write-table docs/_generated/step_memory.md]
 """
 
 from __future__ import annotations
@@ -85,29 +89,45 @@ def measure(name: str, case: str) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--algorithms", default="Adadelta,Adagrad,Adamax,NAdam")
+    parser.add_argument(
+        "--algorithms", help="comma-separated (default: every one funcopt and torch.optim have)"
+    )
+    parser.add_argument("--quick", action="store_true", help="leave out the compiled step written back")
+    parser.add_argument("--write-table", metavar="PATH", help="also write the table as Markdown to PATH")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(*measure(*args.child))
         return
+    from step_time import default_algorithms, markdown_table, write_table
+
+    algorithms = args.algorithms.split(",") if args.algorithms else default_algorithms()
+    cases = [case for case in CASES if not (args.quick and case == "compiled, written back")]
     if not os.path.exists("/proc/self/clear_refs"):
         sys.exit("step_memory.py reads /proc/self: it runs on Linux only")
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     here = os.path.dirname(os.path.abspath(__file__))
     print("peak resident memory during one step beyond the memory before it, MiB (x the params' size)")
-    print(f"{'algorithm':10}" + "".join(f"{case:>24}" for case in CASES))
-    for name in args.algorithms.split(","):
-        row = f"{name:10}"
-        for case in CASES:
+    print(f"{'algorithm':10}" + "".join(f"{case:>24}" for case in cases))
+    rows = []
+    for name in algorithms:
+        row, rows = f"{name:10}", [*rows, [name]]
+        for case in cases:
             out = subprocess.run(
                 [sys.executable, os.path.abspath(__file__), "--child", name, case],
                 env=env, cwd=here, capture_output=True, text=True, check=True,
             )  # fmt: skip
             peak, size = map(float, out.stdout.split()[-2:])
             row += f"{f'{peak:.0f} ({peak / size:.2f}x)':>24}"
+            rows[-1].append(f"{peak:.0f} ({peak / size:.2f}x)")
         print(row, flush=True)
     print(f"(params: {size:.0f} MiB)")
+    if args.write_table:
+        note = (
+            f"Peak resident memory during one step beyond the memory before it, MiB (x the params' "
+            f"{size:.0f} MiB); one step after two, each case in a new process."
+        )
+        write_table(args.write_table, markdown_table(["algorithm", *cases], rows), note=note)
 
 
 if __name__ == "__main__":

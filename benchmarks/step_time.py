@@ -18,12 +18,20 @@ With ``--models`` it then times the adapter on the parameter sets of a few model
 (`MODELS`), each algorithm and model in a new process, and counts its page faults per
 step: a step's time depends on the heap's history, which one process would share.
 
+With ``--write-table PATH`` it also writes the main table as Markdown, with a line naming
+the run (command, torch, machine, date), for docs/performance.md to include.
+
     python benchmarks/step_time.py [--rounds 15] [--algorithms NAdam,Adamax] [--device cuda] [--models]
+        [--write-table docs/_generated/step_time.md]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import os
+import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -39,7 +47,48 @@ import torch
 
 import funcopt as fo
 
-ALGORITHMS = ["Adadelta", "Adagrad", "Adamax", "NAdam"]
+# LBFGS's step takes a closure, SparseAdam takes sparse gradients only: not timed here
+UNTIMED = {"LBFGS", "SparseAdam"}
+
+
+def default_algorithms() -> list[str]:
+    """Every class funcopt has that torch.optim also has (but `UNTIMED`), in torch's order."""
+    return [
+        name
+        for name, cls in vars(torch.optim).items()
+        if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer) and cls is not torch.optim.Optimizer
+        and name in fo.__all__ and name not in UNTIMED
+    ]  # fmt: skip
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
+
+
+def machine(device: str = "cpu") -> str:
+    """The hardware a figure was measured on: the GPU, or the CPU and torch's threads."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name(device)
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
+    except OSError:
+        pass
+    return f"{name}, {os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s)"
+
+
+def write_table(path: str, table: str, device: str = "cpu", note: str = "") -> None:
+    """Write a benchmark's Markdown table to `path` (docs/performance.md includes it),
+    under a line that says how, where and when it was measured."""
+    command = shlex.join(["python", os.path.relpath(sys.argv[0]), *sys.argv[1:]])
+    load = f"; load average {os.getloadavg()[0]:.1f} at the end" if hasattr(os, "getloadavg") else ""
+    when = datetime.date.today().isoformat()
+    with open(path, "w") as f:
+        f.write(f"{table}\n_`{command}`, {when}: torch {torch.__version__}, {machine(device)}{load}.")
+        f.write(f" {note}_\n" if note else "_\n")
+    print(f"table written to {path}")
 
 
 def benchmark_shapes() -> list[tuple[int, ...]]:
@@ -251,10 +300,11 @@ def models(algorithms: list[str], device: str, rounds: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    parser.add_argument("--algorithms", default=",".join(default_algorithms()))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--models", action="store_true", help="also time the adapter on model-shaped sets")
     parser.add_argument("--model-step", help=argparse.SUPPRESS)  # ALGORITHM:MODEL, run by --models
+    parser.add_argument("--write-table", metavar="PATH", help="also write the table as Markdown to PATH")
     args = parser.parse_args()
     if args.model_step:
         model_step(*args.model_step.split(":", 1), args.device, args.rounds)
@@ -278,11 +328,18 @@ def main() -> None:
     )
     print(header)
     print("-" * len(header))
+    rows = []
     for name in args.algorithms.split(","):
         t = timed(name, shapes, args.device, args.rounds, sync)
         best = min(t["torch"], t["torch foreach"])
         tt = timed(name, tiny, args.device, args.rounds * 4, sync)
         tiny_best = min(tt["torch"], tt["torch foreach"])
+        ms = lambda seconds: f"{seconds * 1e3:.1f}"  # noqa: E731
+        rows.append([
+            name, ms(t["torch"]), ms(t["torch foreach"]), ms(t["funcopt adapter"]), ms(t["funcopt functional"]),
+            f"**{t['funcopt adapter'] / best:.2f}x**", f"**{t['funcopt functional'] / best:.2f}x**",
+            f"{tiny_best * 1e3:.2f}", f"{tt['funcopt adapter'] * 1e3:.2f}", f"**{tt['funcopt adapter'] / tiny_best:.2f}x**",
+        ])  # fmt: skip
         print(
             f"{name:10} {t['torch'] * 1e3:7.1f}ms {t['torch foreach'] * 1e3:7.1f}ms "
             f"{t['funcopt adapter'] * 1e3:7.1f}ms {t['funcopt functional'] * 1e3:9.1f}ms  "
@@ -293,6 +350,16 @@ def main() -> None:
         )
     print("targets: adapter <= 1.05x, functional <= 2.0x, adapter on 300 tiny tensors <= 1.1x")
     print("(the functional update on the tiny tensors has no target: it allocates every new tensor)")
+    if args.write_table:
+        header = [
+            "algorithm", "torch ms", "torch foreach ms", "adapter ms", "functional ms", "adapter / torch",
+            "functional / torch", "300 tiny: torch ms", "adapter ms", "adapter / torch",
+        ]  # fmt: skip
+        note = (
+            f"{len(shapes)} float32 tensors, {numel / 1e6:.1f}M elements; medians of {2 * args.rounds} "
+            f"interleaved rounds ({4 * 2 * args.rounds} on the tiny tensors); ratios to torch's faster step."
+        )
+        write_table(args.write_table, markdown_table(header, rows), args.device, note)
     if args.models:
         models(args.algorithms.split(","), args.device, args.rounds * 2)
 

@@ -22,7 +22,10 @@ interleaved round by round, with freed memory kept in the process (see
 with ordinary stores does, tensor by tensor, it is at this machine's floor for them on
 this set of tensors. x86-64 with gcc only.
 
-    python benchmarks/store_floor.py [--rounds 15]
+With ``--write-table PATH`` it also writes the table as Markdown, with a line naming the
+run, for docs/performance.md to include.
+
+    python benchmarks/store_floor.py [--rounds 15] [--write-table docs/_generated/store_floor.md]
 """
 
 from __future__ import annotations
@@ -46,7 +49,9 @@ from step_time import (  # noqa: E402
     interleaved,
     make_params,
     make_trainable,
+    markdown_table,
     pure_step,
+    write_table,
     written_back_step,
 )
 from torch_func import keep_freed_memory  # noqa: E402
@@ -89,6 +94,7 @@ def build(directory: str) -> ctypes.CDLL:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--write-table", metavar="PATH", help="also write the table as Markdown to PATH")
     args = parser.parse_args()
     if platform.machine() not in ("x86_64", "AMD64") or shutil.which("gcc") is None:
         print("needs an x86-64 CPU and gcc")
@@ -167,6 +173,19 @@ def main() -> None:
             f"  {label:38} {seconds * 1e3:6.1f} ms  {seconds / t['C, in place']:.2f}x C in place  "
             f"{seconds / t['torch.optim.Adamax']:.2f}x torch"
         )
+    if args.write_table:
+        rows = [
+            [
+                label,
+                f"{seconds * 1e3:.1f}",
+                f"{seconds / t['C, in place']:.2f}x",
+                f"**{seconds / t['torch.optim.Adamax']:.2f}x**",
+            ]
+            for label, seconds in t.items()
+        ]
+        header = ["Adamax step", "ms", "x C in place", "x torch.optim.Adamax"]
+        note = f"{n / 1e6:.1f}M float32 elements; medians of {args.rounds} interleaved rounds."
+        write_table(args.write_table, markdown_table(header, rows), note=note)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,13 @@ the same run.
 With ``--device cuda`` sections 3 and 4 run on the GPU (section 3 once: the allocator
 settings concern the CPU); sections 1 and 2 stay on the CPU.
 
-    python benchmarks/torch_func.py [--skip-compile] [--compiled-adapter] [--algorithms NAdam,Adamax] [--device cuda]
+``--quick`` runs section 3 with glibc's default settings only and times only the
+compiled pure step there (one compilation per algorithm instead of six). With
+``--write-table PATH`` it also writes its results as a Markdown table, with a line naming
+the run, for docs/performance.md to include.
+
+    python benchmarks/torch_func.py [--quick] [--skip-compile] [--compiled-adapter] [--algorithms NAdam,Adamax]
+        [--device cuda] [--write-table docs/_generated/torch_func.md]
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import functools
+import json
 import os
 import statistics
 import subprocess
@@ -51,12 +58,15 @@ from funcopt.demo import sinusoid_model, sinusoid_tasks
 sys.path.insert(0, str(Path(__file__).parent))
 from step_time import (  # noqa: E402
     benchmark_shapes,
+    default_algorithms,
     interleaved,
     make_params,
     make_trainable,
+    markdown_table,
     page_faults,
     pure_step,
     synchronizer,
+    write_table,
     written_back_step,
 )
 
@@ -72,7 +82,7 @@ def mlp_problem(seed=0):
     return model, params, x, y
 
 
-def sweep_benchmark(rounds: int) -> None:
+def sweep_benchmark(rounds: int) -> list[str]:
     model, params, x, y = mlp_problem()
     steps = 100
 
@@ -99,12 +109,16 @@ def sweep_benchmark(rounds: int) -> None:
         f"loop {t['loop'] * 1e3:.0f} ms -> speedup {t['loop'] / t['vmap']:.1f}x "
         f"(target >= 4x; after 10 steps max |vmap - loop| = {err:.1e})"
     )
+    return [
+        f"1. lr sweep, 16 lrs x {steps} NAdam steps, small MLP: one `vmap`-ed run vs a Python loop of runs",
+        f"{t['vmap'] * 1e3:.0f}", f"{t['loop'] * 1e3:.0f}", f"**{t['loop'] / t['vmap']:.1f}x faster**", ">= 4x faster",
+    ]  # fmt: skip
 
 
 # -- 2. MAML meta-iteration --------------------------------------------------------
 
 
-def maml_benchmark(rounds: int) -> None:
+def maml_benchmark(rounds: int) -> list[str]:
     model = sinusoid_model()
     meta_params = {k: v.detach().clone().requires_grad_() for k, v in model.named_parameters()}
     tasks, inner_steps, lr = 8, 5, 0.01
@@ -151,6 +165,11 @@ def maml_benchmark(rounds: int) -> None:
         f"funcopt {t['funcopt'] * 1e3:.1f} ms, by hand {t['by hand'] * 1e3:.1f} ms -> "
         f"overhead {t['funcopt'] / t['by hand']:.2f}x (target <= 1.2x)"
     )
+    return [
+        f"2. MAML meta-iteration, {tasks} tasks x {inner_steps} Adamax steps, second order: "
+        "`fo.inner_loop` vs the same loop by hand",
+        f"{t['funcopt'] * 1e3:.1f}", f"{t['by hand'] * 1e3:.1f}", f"**{t['funcopt'] / t['by hand']:.2f}x**", "<= 1.2x",
+    ]  # fmt: skip
 
 
 # -- 3. compiled functional step ---------------------------------------------------
@@ -173,10 +192,12 @@ def keep_freed_memory() -> bool:
     return bool(libc.mallopt(M_MMAP_THRESHOLD, 1 << 30)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
 
 
-def compile_benchmark(rounds: int, algorithms: list[str], keep: bool, device: str = "cpu") -> None:
+def compile_benchmark(
+    rounds: int, algorithms: list[str], keep: bool, device: str = "cpu", quick: bool = False
+) -> list[list[str]]:
     """Each algorithm in a process of its own, as a training run would have it: the
     pure step's time depends on the heap's history (see keep_freed_memory), which
-    earlier sections and algorithms would otherwise set."""
+    earlier sections and algorithms would otherwise set. Returns table rows."""
     shapes = benchmark_shapes()
     if torch.device(device).type != "cpu":
         setting = torch.cuda.get_device_name(device)
@@ -188,16 +209,29 @@ def compile_benchmark(rounds: int, algorithms: list[str], keep: bool, device: st
         "each algorithm in a new process:",
         flush=True,
     )
+    rows = []
     for name in algorithms:
         options = [f"--compiled-step-of={name}", f"--rounds={rounds}", f"--device={device}"]
-        subprocess.run(
-            [sys.executable, __file__, *options, *(["--keep-freed-memory"] if keep else [])], check=True
+        options += ["--keep-freed-memory"] * keep + ["--quick"] * quick
+        child = subprocess.run(
+            [sys.executable, __file__, *options], check=True, stdout=subprocess.PIPE, text=True
         )
+        for line in child.stdout.splitlines():
+            if line.startswith("RESULT "):
+                rows += [
+                    [f"3. {name}: {what}, {setting}", f"{ours * 1e3:.1f}", f"{torch_s * 1e3:.1f}",
+                     f"**{ours / torch_s:.2f}x**", target]
+                    for what, ours, torch_s, target in json.loads(line.removeprefix("RESULT "))
+                ]  # fmt: skip
+            else:
+                print(line, flush=True)
+    return rows
 
 
-def compiled_step_benchmark(rounds: int, name: str, device: str = "cpu") -> None:
+def compiled_step_benchmark(rounds: int, name: str, device: str = "cpu", quick: bool = False) -> None:
     """One algorithm's compiled pure step against torch's eager steps, in a process that
-    `compile_benchmark` starts for it."""
+    `compile_benchmark` starts for it. With `quick`, only the pure step. It prints its
+    table rows as a last line, ``RESULT`` and JSON."""
     shapes = benchmark_shapes()
     sync = synchronizer(device)
     params, grads = make_params(shapes, device=device)
@@ -215,34 +249,44 @@ def compiled_step_benchmark(rounds: int, name: str, device: str = "cpu") -> None
         box["params"], box["state"] = compiled(grads, box["state"], box["params"])
         faults.append(page_faults() - before)
 
-    # the same update, with the results written back into the inputs (not pure)
-    in_place_step = functools.partial(
-        torch.compile(written_back_step(tx), fullgraph=True),
-        grads,
-        tx.init(params),
-        [p.clone() for p in params],
-    )
-    in_place_step()
-
-    fns = {"compiled": compiled_step, "in place": in_place_step}
+    fns = {"compiled": compiled_step}
+    if not quick:  # the same update, with the results written back into the inputs (not pure)
+        fns["in place"] = functools.partial(
+            torch.compile(written_back_step(tx), fullgraph=True),
+            grads,
+            tx.init(params),
+            [p.clone() for p in params],
+        )
+        fns["in place"]()
     for label, foreach in (("torch", False), ("torch foreach", True)):
         fns[label] = getattr(torch.optim, name)(make_trainable(shapes, device), foreach=foreach).step
     t = interleaved(fns, rounds, sync=sync)
     best = min(t["torch"], t["torch foreach"])
+    written_back = (
+        f"; written back in place {t['in place'] * 1e3:.1f} ms -> {t['in place'] / best:.2f}x"
+        if not quick
+        else ""
+    )
     print(
         f"   {name:9} compiled {t['compiled'] * 1e3:6.1f} ms, torch {t['torch'] * 1e3:6.1f} ms, "
         f"foreach {t['torch foreach'] * 1e3:6.1f} ms -> {t['compiled'] / best:.2f}x "
         f"(target <= 0.8x; {statistics.median(faults):.0f} page faults per compiled step; "
-        f"first call compiled in {compile_s:.0f} s); written back in place "
-        f"{t['in place'] * 1e3:.1f} ms -> {t['in place'] / best:.2f}x",
+        f"first call compiled in {compile_s:.0f} s){written_back}",
         flush=True,
     )
+    # rows: what, its time and torch's faster step timed with it (s), target
+    rows = [[f"`torch.compile`d pure step (update + apply_updates; compiled in {compile_s:.0f} s) "
+             "vs torch's faster eager step", t["compiled"], best, "<= 0.8x"]]  # fmt: skip
+    if quick:
+        print("RESULT " + json.dumps(rows))
+        return
+    rows.append(["the same, written back into its inputs (not pure)", t["in place"], best, ""])
 
     # The update alone, `torch.compile(update)` as the target is worded, timed after the
     # rest, whose memory is freed first: its extra live tensors change the heap that
     # the whole step runs on (1,900-3,100 page faults a step with them). It neither
     # reads nor writes the params, an array fewer each than any whole step.
-    del fns["compiled"], fns["in place"], in_place_step
+    del fns["compiled"], fns["in place"]
     box.clear()
     compiled_update = torch.compile(tx.update, fullgraph=True)
     update_box = {"state": tx.init(params), "updates": None}
@@ -261,15 +305,20 @@ def compiled_step_benchmark(rounds: int, name: str, device: str = "cpu") -> None
         "(params neither read nor written)",
         flush=True,
     )
+    rows.append(
+        ["`torch.compile(update)` alone, params neither read nor written", t["update alone"], best, "<= 0.8x"]
+    )
+    print("RESULT " + json.dumps(rows))
 
 
 # -- 4. compiled adapter step -------------------------------------------------------
 
 
-def compiled_adapter_benchmark(rounds: int, algorithms: list[str], device: str = "cpu") -> None:
+def compiled_adapter_benchmark(rounds: int, algorithms: list[str], device: str = "cpu") -> list[list[str]]:
     shapes = benchmark_shapes()
     sync = synchronizer(device)
     print(f"4. torch.compile(optimizer.step), funcopt's adapter against torch.optim's, on {device}:")
+    rows = []
     for name in algorithms:
         fns, first_s = {}, {}
         for label, cls in (("funcopt", getattr(fo, name)), ("torch", getattr(torch.optim, name))):
@@ -287,6 +336,12 @@ def compiled_adapter_benchmark(rounds: int, algorithms: list[str], device: str =
             f"{first_s['funcopt']:.0f} s vs {first_s['torch']:.0f} s",
             flush=True,
         )
+        rows.append([
+            f"4. {name}: `torch.compile(optimizer.step)`, funcopt's vs torch's (first step, compiling: "
+            f"{first_s['funcopt']:.0f} s vs {first_s['torch']:.0f} s)",
+            f"{t['funcopt'] * 1e3:.1f}", f"{t['torch'] * 1e3:.1f}", f"**{t['funcopt'] / t['torch']:.2f}x**", "",
+        ])  # fmt: skip
+    return rows
 
 
 def main() -> None:
@@ -294,27 +349,33 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--skip-compile", action="store_true")
     parser.add_argument("--compiled-adapter", action="store_true", help="also run section 4")
-    parser.add_argument("--algorithms", default="Adadelta,Adagrad,Adamax,NAdam")
+    parser.add_argument("--algorithms", default=",".join(default_algorithms()))
     parser.add_argument("--device", default="cpu", help="where the compiled-step section runs")
+    parser.add_argument("--quick", action="store_true", help="section 3: default allocator, pure step only")
+    parser.add_argument("--write-table", metavar="PATH", help="also write the results as Markdown to PATH")
     parser.add_argument("--compiled-step-of", help=argparse.SUPPRESS)  # section 3's child process
     parser.add_argument("--keep-freed-memory", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.compiled_step_of:
         if args.keep_freed_memory:
             keep_freed_memory()
-        compiled_step_benchmark(args.rounds, args.compiled_step_of, args.device)
+        compiled_step_benchmark(args.rounds, args.compiled_step_of, args.device, args.quick)
         return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    sweep_benchmark(max(5, args.rounds))
-    maml_benchmark(3 * args.rounds)  # about 0.1 s a round: more rounds, a steadier median
+    rows = [sweep_benchmark(max(5, args.rounds))]
+    rows.append(maml_benchmark(3 * args.rounds))  # about 0.1 s a round: more rounds, a steadier median
     algorithms = args.algorithms.split(",")
     if not args.skip_compile:
-        compile_benchmark(args.rounds, algorithms, False, args.device)
+        rows += compile_benchmark(args.rounds, algorithms, False, args.device, args.quick)
         # the allocator settings concern the CPU; where glibc takes them here, so do the children
-        if torch.device(args.device).type == "cpu" and keep_freed_memory():
-            compile_benchmark(args.rounds, algorithms, True)
+        if torch.device(args.device).type == "cpu" and not args.quick and keep_freed_memory():
+            rows += compile_benchmark(args.rounds, algorithms, True)
     if args.compiled_adapter:
-        compiled_adapter_benchmark(args.rounds, algorithms, args.device)
+        rows += compiled_adapter_benchmark(args.rounds, algorithms, args.device)
+    if args.write_table:
+        header = ["benchmark", "funcopt ms", "compared with, ms", "ratio", "target"]
+        note = f"Medians of interleaved rounds ({max(5, args.rounds)} for 1, {3 * args.rounds} for 2, {args.rounds} for 3 and 4)."
+        write_table(args.write_table, markdown_table(header, rows), args.device, note)
 
 
 if __name__ == "__main__":
