@@ -6,6 +6,7 @@ import copy
 from collections.abc import Collection
 from typing import Any
 
+import optree
 import torch
 from torch.testing._internal.common_optimizers import (
     _get_optim_inputs_including_global_cliquey_kwargs,
@@ -44,6 +45,8 @@ def factory(name: str):
 # away from its default, to a value where it changes the result (eps included), and the
 # betas are given apart, so that each can be differentiated and batched on its own.
 HYPER: dict[str, dict[str, float]] = {
+    # t0 moves only the average (state.ax), never the params (tests/test_asgd.py)
+    "ASGD": {"lr": 0.05, "lambd": 0.1, "alpha": 0.6, "weight_decay": 0.05},
     "Adadelta": {"lr": 0.5, "rho": 0.8, "eps": 1e-3, "weight_decay": 0.05},
     "Adagrad": {
         "lr": 0.1,
@@ -52,6 +55,17 @@ HYPER: dict[str, dict[str, float]] = {
         "initial_accumulator_value": 0.2,
         "eps": 1e-3,
     },
+    # eps is a pair, eps1 and eps2 apart (see kwargs_of)
+    "Adafactor": {
+        "lr": 0.05,
+        "beta2_decay": -0.6,
+        "eps1": 0.05,
+        "eps2": 0.9,
+        "d": 1.05,
+        "weight_decay": 0.05,
+    },
+    "Adam": {"lr": 0.05, "beta1": 0.8, "beta2": 0.9, "eps": 1e-3, "weight_decay": 0.05},
+    "AdamW": {"lr": 0.05, "beta1": 0.8, "beta2": 0.9, "eps": 1e-3, "weight_decay": 0.2},
     "Adamax": {"lr": 0.05, "beta1": 0.8, "beta2": 0.9, "eps": 1e-3, "weight_decay": 0.05},
     "NAdam": {
         "lr": 0.05,
@@ -61,6 +75,16 @@ HYPER: dict[str, dict[str, float]] = {
         "weight_decay": 0.05,
         "momentum_decay": 0.05,
     },
+    # eps bounds a norm from below (never reached: no hypergradient); ns_coefficients a triple
+    "Muon": {"lr": 0.05, "weight_decay": 0.05, "momentum": 0.8},
+    # betas and eps change nothing before RAdam's rectification starts, at the sixth step
+    # (the shared tests take three): tests/test_radam.py checks them over more steps
+    "RAdam": {"lr": 0.05, "weight_decay": 0.05},
+    # centered is a flag (tests/test_rmsprop.py)
+    "RMSprop": {"lr": 0.01, "alpha": 0.9, "eps": 1e-3, "weight_decay": 0.05, "momentum": 0.5},
+    # etas given apart (see kwargs_of); step_sizes at their default: a clamp that acts makes
+    # the step non-linear in lr, which test_first_order_maml relies on (tests/test_rprop.py)
+    "Rprop": {"lr": 0.05, "etaminus": 0.4, "etaplus": 1.3},
     "SGD": {"lr": 0.1, "momentum": 0.8, "dampening": 0.2, "weight_decay": 0.05},
 }
 
@@ -70,6 +94,10 @@ def kwargs_of(hp: dict[str, Any]) -> dict[str, Any]:
     hp = dict(hp)
     if "beta1" in hp:
         hp["betas"] = (hp.pop("beta1"), hp.pop("beta2"))
+    if "etaminus" in hp:
+        hp["etas"] = (hp.pop("etaminus"), hp.pop("etaplus"))
+    if "eps1" in hp:
+        hp["eps"] = (hp.pop("eps1"), hp.pop("eps2"))
     return hp
 
 
@@ -90,6 +118,19 @@ def as_tensors(
 def make(name: str, hp: dict[str, Any] | None = None) -> fo.GradientTransformation:
     """The transformation of `name` with the hyperparameters `hp` (default: its `HYPER`)."""
     return factory(name)(**kwargs_of(HYPER[name] if hp is None else hp))
+
+
+def full_state(tx: fo.GradientTransformation, params: Any) -> Any:
+    """`tx`'s state for `params`, with every buffer there: stepped once (with gradients of
+    ones) where init leaves one absent that the first step creates (SGD's momentum_buffer)."""
+    state = tx.init(params)
+    if any(isinstance(x, fo.MaskedNode) for x in optree.tree_leaves(state, is_leaf=_is_empty)):
+        _, state = tx.update(optree.tree_map(torch.ones_like, params), state, params)
+    return state
+
+
+def _is_empty(x: Any) -> bool:
+    return isinstance(x, fo.MaskedNode)
 
 
 def optim_inputs(name: str, with_flags: bool = True) -> list[tuple[str, dict[str, Any]]]:

@@ -10,7 +10,19 @@ import re
 
 import pytest
 import torch
-from helpers import ALGORITHMS, INFOS, assert_same, factory, fo_cls, torch_cls, trainable
+from helpers import (
+    ALGORITHMS,
+    HYPER,
+    INFOS,
+    assert_same,
+    factory,
+    fo_cls,
+    full_state,
+    kwargs_of,
+    make,
+    torch_cls,
+    trainable,
+)
 from torch.testing._internal.common_optimizers import OptimizerErrorEnum
 
 import funcopt as fo
@@ -96,9 +108,9 @@ def test_betas_that_are_not_a_pair(name, betas):
     """torch accepts them and fails at the first step with an unpacking or index error;
     funcopt says what is wrong when the optimizer is made."""
     params = [torch.nn.Parameter(torch.randn(2))]
-    for make in (lambda: fo_cls(name)(params, betas=betas), lambda: factory(name)(betas=betas)):
+    for build in (lambda: fo_cls(name)(params, betas=betas), lambda: factory(name)(betas=betas)):
         with pytest.raises(ValueError, match="betas must be a pair of numbers or 0-d tensors, or a tensor"):
-            make()
+            build()
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
@@ -182,13 +194,24 @@ def test_update_with_wrong_state():
         factory("NAdam")().update(params, factory("Adamax")().init(params), params)
 
 
+def _test_values(name):
+    """`name`'s test hyperparameters (SGD's with momentum: a state with buffers), without
+    weight decay (so an update may omit the params, and a differentiable step's state
+    does not record the params)."""
+    return {k: v for k, v in HYPER[name].items() if k != "weight_decay"}
+
+
+def _with_buffers(name):
+    return make(name, _test_values(name))
+
+
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_update_with_mismatched_shapes(name):
     """A gradient or a state that would broadcast against its param raises, instead of
     silently giving the update, the state and then the param another shape."""
     params = {"a": torch.randn(3), "b": torch.randn(2)}
-    tx = factory(name)()
-    state = tx.init(params)
+    tx = _with_buffers(name)
+    state = full_state(tx, params)
     with pytest.raises(ValueError, match=r"leaf 0 differ \(gradient \(1,\), param \(3,\)"):
         tx.update({"a": torch.randn(1), "b": torch.randn(2)}, state, params)
     with pytest.raises(ValueError, match=r"leaf 0 differ \(gradient \(1,\), param \(1,\), \w+ \(3,\)"):
@@ -201,14 +224,14 @@ def test_update_with_mismatched_dtypes(name):
     """A gradient of another dtype than its param raises an error naming the leaf and the
     dtypes, rather than one from inside the math that names no tensor."""
     params = {"a": torch.randn(3), "b": torch.randn(2)}
-    tx = factory(name)()
+    tx = _with_buffers(name)
     grads = {"a": torch.randn(3), "b": torch.randn(2, dtype=torch.float64)}
     with pytest.raises(
         ValueError, match=r"dtypes of leaf 1 differ \(gradient float64, param float32, \w+ float32"
     ):
-        tx.update(grads, tx.init(params), params)
+        tx.update(grads, full_state(tx, params), params)
     with pytest.raises(ValueError, match=r"dtypes of leaf 1 differ \(gradient float64, \w+ float32"):
-        tx.update(grads, tx.init(params))
+        tx.update(grads, full_state(tx, params))
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
@@ -216,9 +239,14 @@ def test_update_with_tensors_on_different_devices(name):
     """A gradient, or a state buffer, on another device than its param raises an error
     naming the leaf and the devices (torch's own names no tensor); the meta device
     stands in for a GPU."""
+    if name == "SGD":
+        pytest.skip(
+            "the meta device is no stand-in here: torch's foreach ops, which SGD's grouped step "
+            "meets first, silently skip a meta tensor among CPU ones (a GPU tensor raises)"
+        )
     params = {"a": torch.randn(3), "b": torch.randn(2)}
-    tx = factory(name)()
-    state = tx.init(params)
+    tx = _with_buffers(name)
+    state = full_state(tx, params)
     grads = {"a": torch.randn(3), "b": torch.randn(2, device="meta")}
     with pytest.raises(
         ValueError, match=r"leaf 1 are on different devices \(gradient meta, param cpu, \w+ cpu"
@@ -402,6 +430,7 @@ def test_update_with_mismatched_structures(name, case):
     grads, init_params, params = mismatch(params, {"a": torch.randn(3), "b": torch.randn(2)})
     tx = factory(name)()
     state = tx.init(init_params)
+    match = match.replace(r"state\.step", rf"state\.{state._fields[0]}")  # the first field differs first
     with pytest.raises(ValueError, match=rf"^{name} update: {match}") as error:
         tx.update(grads, state, params)
     assert "structure of the params given to init" in str(error.value)
@@ -488,10 +517,11 @@ def _stepped_optimizer(name, path, shapes=((200, 200), (5,))):
     params = trainable([torch.randn(s) for s in shapes], path == "differentiable")
     for p in params:
         p.grad = torch.randn_like(p)
+    hp = kwargs_of(_test_values(name))  # SGD with momentum: a state with buffers
     if path == "chain":
-        opt = fo.Optimizer(params, fo.chain(fo.clip_by_global_norm(1.0), factory(name)()))
+        opt = fo.Optimizer(params, fo.chain(fo.clip_by_global_norm(1.0), factory(name)(**hp)))
     else:
-        opt = fo_cls(name)(params, differentiable=path == "differentiable")
+        opt = fo_cls(name)(params, differentiable=path == "differentiable", **hp)
     opt.step()
     return opt, params
 
@@ -503,6 +533,12 @@ def _snapshot(opt, params):
 PATHS = ["in place", "differentiable", "chain"]
 
 
+def _optional_keys(name):
+    """The state keys a param's state may lack, for the default hyperparameters."""
+    opt = fo_cls(name)([torch.zeros(1, requires_grad=True)])
+    return opt._transform.optional(opt.defaults)
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_state_without_an_entry(name, path):
@@ -510,7 +546,12 @@ def test_state_without_an_entry(name, path):
     says so at the step, before any param or state changes."""
     opt, params = _stepped_optimizer(name, path)
     state = opt.state[params[1]]
-    del state[next(k for k in state if "step" not in k)]
+    # an entry the step needs: not one that torch creates only at a first step (SGD's
+    # momentum_buffer, which a step then creates anew, as torch's does)
+    required = [k for k in state if "step" not in k and k.split(".")[-1] not in _optional_keys(name)]
+    if not required:
+        pytest.skip(f"{name}'s state has no entry that a step needs besides its counters")
+    del state[required[0]]
     before = _snapshot(opt, params)
     with pytest.raises(KeyError, match="no entry .* another optimizer"):
         opt.step()
@@ -584,13 +625,13 @@ def test_model_converted_after_a_step(name):
 
     error, before, after, end = run(fo)
     torch_error, _, torch_after, _ = run(torch.optim)
-    assert (error is None) == (torch_error is None) == (name in ("Adadelta", "Adagrad"))
+    assert (error is None) == (torch_error is None)
     if error is None:
         assert_same(after, torch_after, rtol=0, atol=0)
         assert_same(end, run(torch.optim)[3], rtol=0, atol=0)
     else:
         assert re.search(
-            f"{name} step: a param of dtype float64 has exp_avg, exp_\\w+ of dtype float32: the model was "
+            f"{name} step: a param of dtype float64 has \\w+(, \\w+)* of dtype float32: the model was "
             "converted after .* optimizer.load_state_dict\\(optimizer.state_dict\\(\\)\\)",
             str(error),
         )
@@ -613,7 +654,7 @@ def test_params_converted_after_a_differentiable_step(name):
     assert_same(_snapshot(opt, params), before, rtol=0, atol=0)
 
 
-OTHER = {name: ALGORITHMS[(i + 1) % len(ALGORITHMS)] for i, name in enumerate(ALGORITHMS)}
+OTHER = {name: "Adadelta" if name == "Adagrad" else "Adagrad" for name in ALGORITHMS}
 
 
 @pytest.mark.parametrize("source", ["another optimizer", "other params"])
@@ -624,7 +665,11 @@ def test_load_state_that_does_not_fit(name, path, source):
     or for other params (a buffer's shape differs), and leaves the optimizer as it was.
     torch loads both; its next step fails after changing the params before the bad one."""
     opt, params = _stepped_optimizer(name, path)
+    if path == "chain" and source == "other params" and _optional_keys(name):
+        pytest.skip("a chain's state does not say the shape of a buffer absent at first")
     if source == "another optimizer":
+        if all(k.split(".")[-1] in _optional_keys(name) for k in opt.state[params[0]] if "step" not in k):
+            pytest.skip(f"{name} steps from any state, as torch's (its keys may be absent)")
         other = torch_cls(OTHER[name])([torch.nn.Parameter(p.detach().clone()) for p in params])
         for p in other.param_groups[0]["params"]:
             p.grad = torch.randn_like(p)

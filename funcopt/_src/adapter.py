@@ -276,9 +276,15 @@ class Optimizer(torch.optim.Optimizer):
                         f"{', '.join(map(repr, missing))} (it has {', '.join(map(repr, saved))}): "
                         "it was saved by another optimizer. Load a state_dict saved by this one."
                     )
-                for name, value in expected.items():
+                shapes = {n: v.shape for n, v in expected.items() if isinstance(v, Tensor) and v.dim() > 0}
+                algorithm = self._transform
+                if isinstance(algorithm, Algorithm) and algorithm.buffers_like_param and p.dim() > 0:
+                    for name in algorithm.buffer_fields:  # one absent at first too (SGD's momentum_buffer)
+                        if name in saved:
+                            shapes.setdefault(name, p.shape)
+                for name, expected_shape in shapes.items():
                     shape = getattr(saved[name], "shape", ())
-                    if isinstance(value, Tensor) and value.dim() > 0 and shape != value.shape:
+                    if shape != expected_shape:
                         raise ValueError(
                             f"loaded state entry {name!r} has shape {tuple(shape)} but its param "
                             f"has shape {tuple(p.shape)}: it was saved for other params "
@@ -378,6 +384,8 @@ class Optimizer(torch.optim.Optimizer):
     def _new_state(self, p: Tensor, group: dict[str, Any]) -> dict[str, Any]:
         hyperparams = _hyperparams(self.defaults, self.defaults)
         if isinstance(self._transform, Algorithm):
+            if self._transform.initial_from_group:
+                hyperparams = normalize(_hyperparams(group, self.defaults), self._transform.pairs)
             return self._transform.torch_state(
                 p,
                 hyperparams,
@@ -506,15 +514,14 @@ def _step_in_place(
     schedules: dict[tuple[float, ...], Any] = {}  # counter values -> (new values, coefficients)
     counters: dict[tuple[float, ...], list[list[Tensor]]] = {}  # counter values -> their tensors
     chunks = inplace.Chunks(algorithm, hyperparams)  # small params on the CPU
-    lists: dict[Any, list[list[Tensor]]] = {}  # (values, dtype, device) -> tensors (GPUs)
+    lists: dict[Any, list[list[Tensor]]] = {}  # (values, dtype, device, absent) -> tensors (GPUs)
     rows = []  # every check comes before any param changes
+    fields = _fields(algorithm, hyperparams)
     for p, g, state in zip(params, grads, states):
         if g.is_sparse:
             algorithm.check_sparse_grad(hyperparams)
-        try:  # a buffer may be absent (see `Algorithm`); the counters may not
-            tensors = [state[name] for name in algorithm.counters] + [
-                state.get(name) for name in algorithm.buffer_fields
-            ]
+        try:
+            tensors: list[Any] = [state[name] if required else state.get(name) for name, required in fields]
         except KeyError as e:
             raise _missing_entry(e) from None
         _check_shapes(algorithm, p, g, tensors[k:])
@@ -546,22 +553,15 @@ def _step_in_place(
             continue
         # read once: each attribute read costs as much as a small op (300 tiny params)
         device, sparse, numel = p.device, g.is_sparse, p.numel()
+        key = (values, p.dtype, device, tuple(b is None for b in buffers))  # what a group shares
         if not sparse and inplace.use_lists(device):
-            absent = tuple(b is None for b in buffers)
-            group = lists.setdefault((values, p.dtype, device, absent), [[] for _ in range(2 + len(buffers))])
+            group = lists.setdefault(key, [[] for _ in range(2 + len(buffers))])
             for column, t in zip(group, (p, g, *buffers)):
                 column.append(t)
             continue
         segmented = not sparse  # may run on segments (see inplace.py)
         if segmented and numel <= inplace.TINY:
-            chunks.add(
-                (values, p.dtype, device, tuple(b is None for b in buffers)),
-                coefficients,
-                p,
-                g,
-                buffers,
-                numel,
-            )
+            chunks.add(key, coefficients, p, g, buffers, numel)
         elif segmented and numel > inplace.SEGMENT and inplace.blockable(p, *buffers):
             inplace.run_blocks(algorithm, coefficients, hyperparams, p, p, g, buffers)
         else:  # the whole param at once: one segment, or no segments
@@ -589,9 +589,10 @@ def _step_pure(
     differentiable and compiled steps), its results then written into the state and
     the params. A capturable step reads no value on the host, so a CUDA graph can
     record it."""
-    try:  # a buffer may be absent (see `Algorithm`); the counters may not
-        columns = [[state[name] for state in states] for name in algorithm.counters] + [
-            [state.get(name, MaskedNode()) for state in states] for name in algorithm.buffer_fields
+    try:
+        columns = [
+            [state[name] if required else state.get(name, MaskedNode()) for state in states]
+            for name, required in _fields(algorithm, hyperparams)
         ]
     except KeyError as e:
         raise _missing_entry(e) from None
@@ -606,6 +607,13 @@ def _step_pure(
     )
     # the new values are written into the state's own tensors (shaped as they are), in place
     _write_back(params, states, zip(algorithm.fields, new_columns), updates)
+
+
+def _fields(algorithm: Algorithm, hyperparams: Hyperparams) -> list[tuple[str, bool]]:
+    """The algorithm's state keys, each with whether a param's state must have it: the
+    counters and buffers must, but for those absent at first (see `Algorithm.optional`)."""
+    optional = algorithm.optional(hyperparams)
+    return [(name, name not in optional) for name in algorithm.fields]
 
 
 def _clone(value: Any) -> Any:

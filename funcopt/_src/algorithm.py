@@ -83,19 +83,15 @@ class Bound:
     index: int | None = None
     high: float | None = None
     inclusive: bool = True
+    # torch checks ``value < 0.0`` (SGD, ...), which NaN passes, not ``not 0.0 <= value``
+    nan_passes: bool = False
 
     def check(self, hyperparams: Hyperparams, tensors: bool) -> None:
         if self.key not in hyperparams:  # a funcopt extra (eps_root) the adapters lack
             return
         value = hyperparams[self.key]
         if self.index is not None:
-            # torch indexes a pair (betas, etas) at its first step, failing there
-            # with an unpacking error that names no hyperparameter
-            if not (isinstance(value, (tuple, list)) and len(value) == 2 or _is_pair_tensor(value)):
-                raise ValueError(
-                    f"{self.key} must be a pair of numbers or 0-d tensors, or a tensor of 2 elements; "
-                    f"got {value!r}"
-                )
+            check_pair(self.key, value)
             value = value[self.index]
         if not (isinstance(value, Tensor) or _is_number(value)):
             # torch fails on the comparison below, with an error that names no hyperparameter
@@ -103,11 +99,20 @@ class Bound:
             raise TypeError(f"{name} must be a number or a 0-d tensor; got {value!r}")
         if isinstance(value, Tensor) and not tensors:
             return  # may be batched or traced: never read in Python
-        ok = 0.0 <= value
+        ok = not value < 0.0 if self.nan_passes else 0.0 <= value
         if ok and self.high is not None:
             ok = value <= self.high if self.inclusive else value < self.high
         if not ok:
             raise ValueError(self.message.format(value))
+
+
+def check_pair(key: str, value: Any) -> None:
+    """Raise unless `value` is a pair of hyperparameters (betas, etas): torch indexes or
+    unpacks one at its first step, failing there with an error that names none."""
+    if not (isinstance(value, (tuple, list)) and len(value) == 2 or _is_pair_tensor(value)):
+        raise ValueError(
+            f"{key} must be a pair of numbers or 0-d tensors, or a tensor of 2 elements; got {value!r}"
+        )
 
 
 def _is_number(value: Any) -> bool:
@@ -209,12 +214,20 @@ class Algorithm:
     # torch's checks that are no simple bound (SGD's nesterov), after the bounds; it reads
     # Python numbers only (a tensor may be batched or traced)
     validate: Callable[[Hyperparams], None] = _valid
+    # the hyperparameters that are pairs: those the bounds index (betas), and these (Rprop's
+    # etas and step_sizes, which `validate` checks)
+    pairs: tuple[str, ...] = ()
+    needs_params: bool = False  # the math reads the params beyond weight decay (ASGD's average)
+    # the adapters make a param's initial state from its group's hyperparameters (torch's
+    # _init_group reads group[...]: Rprop's step_size and ASGD's eta start at its lr),
+    # not from the constructor's defaults (torch's Adagrad reads those)
+    initial_from_group: bool = False
     fields: tuple[str, ...] = field(init=False)
-    pairs: tuple[str, ...] = field(init=False)  # the hyperparameters that are pairs (betas)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fields", tuple(self.state._fields))
-        object.__setattr__(self, "pairs", tuple({b.key: None for b in self.bounds if b.index is not None}))
+        indexed = {b.key: None for b in self.bounds if b.index is not None}
+        object.__setattr__(self, "pairs", tuple({**indexed, **dict.fromkeys(self.pairs)}))
         # a saved state loads with torch.load's default weights_only=True
         torch.serialization.add_safe_globals([self.state])
 
@@ -305,6 +318,10 @@ class Algorithm:
             raise TypeError(
                 f"{self.name} update got a state of type {type(state).__name__}; "
                 f"pass the {self.state.__name__} that init returned"
+            )
+        if params is None and self.needs_params:
+            raise ValueError(
+                f"{self.name} needs the params, which its update reads: call update(grads, state, params)"
             )
         if params is None and nonzero(hyperparams.get("weight_decay", 0)):
             raise ValueError(
@@ -449,6 +466,12 @@ class Algorithm:
             return False
         creates = self.creates(**hyperparams)
         return any(b is None and name in creates for name, b in zip(self.buffer_fields, buffers))
+
+    def optional(self, hyperparams: Hyperparams) -> tuple[str, ...]:
+        """The buffers that a param's state may lack for these hyperparameters: absent at
+        first (`initial` gives None, or a function of the param that may)."""
+        initial = self.initial(**hyperparams)[len(self.counters) :]
+        return tuple(name for name, v in zip(self.buffer_fields, initial) if v is None or callable(v))
 
     @property
     def buffer_fields(self) -> tuple[str, ...]:

@@ -86,9 +86,9 @@ SGD_ = Algorithm(
     schedule=_schedule,
     elementwise=_elementwise,
     bounds=(
-        Bound("lr", "Invalid learning rate: {}"),
-        Bound("momentum", "Invalid momentum value: {}"),
-        Bound("weight_decay", "Invalid weight_decay value: {}"),
+        Bound("lr", "Invalid learning rate: {}", nan_passes=True),
+        Bound("momentum", "Invalid momentum value: {}", nan_passes=True),
+        Bound("weight_decay", "Invalid weight_decay value: {}", nan_passes=True),
     ),
     sparse=True,
     creates=_creates,
