@@ -131,8 +131,12 @@ def scalar_dtype(fused: bool = False) -> torch.dtype:
 def torch_counter(value: Any, p: Tensor, *, on_device: bool, fused: bool) -> Tensor:
     """A param's counter (step, mu_product) as torch.optim holds it: a 0-d tensor of
     `scalar_dtype`, on the CPU (on the param's device if capturable or fused), also where
-    another device is the default."""
-    return torch.tensor(float(value), dtype=scalar_dtype(fused), device=p.device if on_device else "cpu")
+    another device is the default. A tensor `value` (ASGD's eta starts at the lr) keeps
+    the autograd graph that records it (a differentiable step's tensor lr)."""
+    device = p.device if on_device else "cpu"
+    if isinstance(value, Tensor):
+        return value.to(dtype=scalar_dtype(fused), device=device, copy=True)
+    return torch.tensor(float(value), dtype=scalar_dtype(fused), device=device)
 
 
 def _nothing(**_: Any) -> tuple[str, ...]:
@@ -258,9 +262,14 @@ class Algorithm:
         return GradientTransformation(functools.partial(self.init, hp), functools.partial(self.update, hp))
 
     def transform(self, **hyperparams: Any) -> GradientTransformation:
-        """Range-check Python-number hyperparameters, then build the transformation."""
-        self.check(hyperparams)
-        return self(**hyperparams)
+        """Range-check Python-number hyperparameters, then build the transformation. A
+        hyperparameter may be a schedule (a function of the step count, such as
+        ``fo.cosine_decay_schedule(...)``): the state then carries the count, and each
+        update evaluates the schedules there (see ``wrappers.with_schedules``)."""
+        from .wrappers import has_schedule, with_schedules  # wrappers builds on the algorithms
+
+        self.check({k: v for k, v in hyperparams.items() if not has_schedule(v)})
+        return with_schedules(self, hyperparams)
 
     def init(self, hyperparams: Hyperparams, params: Params) -> State:
         (leaves,), unflatten = flatten_together(params)

@@ -536,13 +536,14 @@ def _is_dynamic(value: Any) -> bool:
     return _is_number(value) or isinstance(value, Tensor) or callable(value)
 
 
-def _has_schedule(value: Any) -> bool:
+def has_schedule(value: Any) -> bool:
+    """Whether a hyperparameter is a schedule (a callable), or a pair holding one."""
     if isinstance(value, (tuple, list)):
         return any(callable(v) for v in value)
     return callable(value)
 
 
-def _at(value: Any, count: Tensor) -> Any:
+def _at(value: Any, count: Any) -> Any:
     """`value` at step `count`: a schedule evaluated there, a tuple element by element;
     anything else as it is."""
     if isinstance(value, (tuple, list)):
@@ -765,7 +766,7 @@ def with_schedules(
         (tensor([-0.2000]), 2)
     """
     hyperparams = dict(hyperparams)
-    scheduled = {k for k, v in hyperparams.items() if k not in static_args and _has_schedule(v)}
+    scheduled = {k for k, v in hyperparams.items() if k not in static_args and has_schedule(v)}
     if not scheduled:
         return factory(**hyperparams)
     fixed = {k: v for k, v in hyperparams.items() if k not in scheduled}
@@ -797,7 +798,10 @@ def _scheduled_update(
     **extra_args: Any,
 ) -> tuple[Updates, ScheduledState]:
     _check_state(state, ScheduledState, "update (with a scheduled hyperparameter)")
-    values = {k: _at(v, state.count) for k, v in schedules.items()}
+    # a count that Python may read gives the schedules an int: exact values in double
+    # precision, as Python numbers, which keep the inner step on its fast paths
+    count = state.count.item() if not tracing() and readable(state.count) else state.count
+    values = {k: _at(v, count) for k, v in schedules.items()}
     updates, inner_state = _update(factory(**fixed, **values), updates, state.inner_state, params, extra_args)
     return updates, ScheduledState(_increment(state.count), inner_state)
 

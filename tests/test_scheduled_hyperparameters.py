@@ -1,0 +1,69 @@
+"""Any hyperparameter of a torch-named factory may be a schedule: the same run as
+torch's class driven by LambdaLR, for every algorithm."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import ALGORITHMS, HYPER, factory, kwargs_of, torch_cls
+from torch._dynamo.testing import CompileCounter
+
+import funcopt as fo
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_lr_schedule_matches_torch_with_lambda_lr(name):
+    if "lr" not in HYPER[name]:
+        pytest.skip(f"{name} has no lr")
+    torch.manual_seed(0)
+    kwargs = kwargs_of(HYPER[name])
+    peak = kwargs["lr"]
+    schedule = fo.warmup_cosine_decay_schedule(0.0, peak, warmup_steps=2, decay_steps=6, end_value=peak / 10)
+    w0 = torch.randn(3, 4, dtype=torch.float64)
+    grads = [torch.randn(3, 4, dtype=torch.float64) for _ in range(6)]
+
+    theirs = torch.nn.Parameter(w0.clone())
+    opt = torch_cls(name)([theirs], **kwargs)
+    lambda_lr = torch.optim.lr_scheduler.LambdaLR(opt, lambda count: schedule(count) / peak)
+    for g in grads:
+        theirs.grad = g.clone()
+        opt.step()
+        lambda_lr.step()
+
+    # LambdaLR's lr is base_lr * factor, which rounds: the schedule given here does the same
+    tx = factory(name)(**{**kwargs, "lr": lambda count: peak * (schedule(count) / peak)})
+    params = [w0.clone()]
+    state = tx.init(params)
+    for g in grads:
+        updates, state = tx.update([g.clone()], state, params)
+        params = fo.apply_updates(params, updates)
+    # NAdam's functional mu_product is float64 for float64 params, torch's float32
+    tol = 1e-7 if name == "NAdam" else 1e-12
+    torch.testing.assert_close(params[0], theirs.detach(), rtol=tol, atol=tol)
+
+
+def test_schedule_compiles_once():
+    """The count is a 0-d tensor: a compiled step is one graph for the whole run."""
+    tx = fo.nadam(lr=fo.cosine_decay_schedule(0.1, 10), betas=(fo.linear_schedule(0.8, 0.9, 5), 0.99))
+    params = [torch.ones(3)]
+    counter = CompileCounter()
+
+    @torch.compile(backend=counter, fullgraph=True)
+    def step(grads, state, params):
+        updates, state = tx.update(grads, state, params)
+        return fo.apply_updates(params, updates), state
+
+    state = tx.init(params)
+    eager_params, eager_state = params, state
+    for _ in range(4):
+        params, state = step([torch.ones(3)], state, params)
+        updates, eager_state = tx.update([torch.ones(3)], eager_state, eager_params)
+        eager_params = fo.apply_updates(eager_params, updates)
+    assert counter.frame_count == 1
+    torch.testing.assert_close(params, eager_params)
+
+
+def test_range_checks_skip_schedules_only():
+    with pytest.raises(ValueError, match="Invalid learning rate"):
+        fo.adamax(lr=-1.0, betas=(fo.constant_schedule(0.9), 0.99))
+    fo.adamax(lr=fo.constant_schedule(0.1))  # a schedule is not range-checked
