@@ -17,6 +17,7 @@ from ._src import schedules as _schedules
 from ._src import transforms as _transforms
 from ._src import wrappers as _wrappers
 from ._src.adadelta import Adadelta, AdadeltaState, adadelta
+from ._src.adafactor import Adafactor, AdafactorState, adafactor
 from ._src.adagrad import Adagrad, AdagradState, adagrad
 from ._src.adamax import Adamax, AdamaxState, adamax
 from ._src.adapter import Optimizer
@@ -33,6 +34,7 @@ from ._src.base import (
 from ._src.clipping import clip_by_global_norm
 from ._src.masking import MaskedState, masked, partition
 from ._src.meta import inner_loop
+from ._src.muon import Muon, MuonState, muon
 from ._src.nadam import NAdam, NAdamState, nadam
 from ._src.schedules import *  # noqa: F403  (each module lists its names in its __all__)
 from ._src.sgd import SGD, SGDState, sgd
@@ -44,6 +46,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Adadelta",
     "AdadeltaState",
+    "Adafactor",
+    "AdafactorState",
     "Adagrad",
     "AdagradState",
     "Adamax",
@@ -52,6 +56,8 @@ __all__ = [
     "GradientTransformation",
     "MaskedNode",
     "MaskedState",
+    "Muon",
+    "MuonState",
     "NAdam",
     "NAdamState",
     "Optimizer",
@@ -61,6 +67,7 @@ __all__ = [
     "SGDState",
     "Updates",
     "adadelta",
+    "adafactor",
     "adagrad",
     "adamax",
     "apply_updates",
@@ -68,6 +75,7 @@ __all__ = [
     "clip_by_global_norm",
     "inner_loop",
     "masked",
+    "muon",
     "nadam",
     "partition",
     "sgd",

@@ -60,7 +60,7 @@ HYPER: dict[str, dict[str, float]] = {
         "lr": 0.05,
         "beta2_decay": -0.6,
         "eps1": 0.05,
-        "eps2": 0.9,
+        "eps2": 1.02,
         "d": 1.05,
         "weight_decay": 0.05,
     },

@@ -111,6 +111,13 @@ class InPlace:
 
     copy_ = staticmethod(Tensor.copy_)
     clone = staticmethod(torch.clone)
+    lerp = staticmethod(torch.lerp)  # a new tensor (Muon's Nesterov step reads the gradient)
+
+    @staticmethod
+    def item(x: Tensor) -> float:
+        """A 0-d result (a per-tensor norm) as a Python number, as torch's step reads it
+        (Adafactor); for algorithms that are not `Algorithm.per_element`."""
+        return x.item()
 
     @staticmethod
     def add_(x: Tensor | Fresh, y: Tensor | Coef, alpha: Coef = 1) -> Tensor:
@@ -256,6 +263,12 @@ class Pure:
     clone = staticmethod(torch.clone)
 
     @staticmethod
+    def item(x: Tensor) -> Tensor:
+        """`InPlace.item` without reading the value on the host (traceable, batchable): a
+        float64 0-d tensor, the precision of the Python number torch reads."""
+        return x.to(torch.float64)
+
+    @staticmethod
     def add(x: Tensor, y: Tensor | Coef, alpha: Coef = 1) -> Tensor:
         y = _cast(y, x)
         # Under torch.compile, no ``alpha``: inductor (torch 2.13) fuses
@@ -293,6 +306,8 @@ class Pure:
     @staticmethod
     def lerp_(x: Tensor, y: Tensor, weight: Coef) -> Tensor:
         return torch.lerp(x, y, _cast(weight, x))
+
+    lerp = lerp_
 
     @staticmethod
     def addcmul_(x: Tensor, a: Tensor, b: Tensor, value: Coef = 1) -> Tensor:
