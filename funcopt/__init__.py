@@ -21,6 +21,7 @@ from ._src.adafactor import Adafactor, AdafactorState, adafactor
 from ._src.adagrad import Adagrad, AdagradState, adagrad
 from ._src.adamax import Adamax, AdamaxState, adamax
 from ._src.adapter import Optimizer
+from ._src.asgd import ASGD, ASGDState, asgd
 from ._src.base import (
     EmptyState,
     GradientTransformation,
@@ -36,6 +37,8 @@ from ._src.masking import MaskedState, masked, partition
 from ._src.meta import inner_loop
 from ._src.muon import Muon, MuonState, muon
 from ._src.nadam import NAdam, NAdamState, nadam
+from ._src.rmsprop import RMSprop, RMSpropState, rmsprop
+from ._src.rprop import Rprop, RpropState, rprop
 from ._src.schedules import *  # noqa: F403  (each module lists its names in its __all__)
 from ._src.sgd import SGD, SGDState, sgd
 from ._src.transforms import *  # noqa: F403
@@ -44,6 +47,8 @@ from ._src.wrappers import *  # noqa: F403
 __version__ = "0.1.0"
 
 __all__ = [
+    "ASGD",
+    "ASGDState",
     "Adadelta",
     "AdadeltaState",
     "Adafactor",
@@ -62,6 +67,10 @@ __all__ = [
     "NAdamState",
     "Optimizer",
     "Params",
+    "RMSprop",
+    "RMSpropState",
+    "Rprop",
+    "RpropState",
     "State",
     "SGD",
     "SGDState",
@@ -71,6 +80,7 @@ __all__ = [
     "adagrad",
     "adamax",
     "apply_updates",
+    "asgd",
     "chain",
     "clip_by_global_norm",
     "inner_loop",
@@ -78,6 +88,8 @@ __all__ = [
     "muon",
     "nadam",
     "partition",
+    "rmsprop",
+    "rprop",
     "sgd",
     *_schedules.__all__,
     *_transforms.__all__,

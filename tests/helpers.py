@@ -84,7 +84,7 @@ HYPER: dict[str, dict[str, float]] = {
     "RMSprop": {"lr": 0.01, "alpha": 0.9, "eps": 1e-3, "weight_decay": 0.05, "momentum": 0.5},
     # etas given apart (see kwargs_of); step_sizes at their default: a clamp that acts makes
     # the step non-linear in lr, which test_first_order_maml relies on (tests/test_rprop.py)
-    "Rprop": {"lr": 0.05, "etaminus": 0.4, "etaplus": 1.3},
+    "Rprop": {"lr": 0.1, "etaminus": 0.4, "etaplus": 1.3},
     "SGD": {"lr": 0.1, "momentum": 0.8, "dampening": 0.2, "weight_decay": 0.05},
 }
 

@@ -384,8 +384,10 @@ class Optimizer(torch.optim.Optimizer):
     def _new_state(self, p: Tensor, group: dict[str, Any]) -> dict[str, Any]:
         hyperparams = _hyperparams(self.defaults, self.defaults)
         if isinstance(self._transform, Algorithm):
-            if self._transform.initial_from_group:
-                hyperparams = normalize(_hyperparams(group, self.defaults), self._transform.pairs)
+            if self._transform.initial_from_group:  # (a loaded group may lack some: the defaults')
+                hyperparams = normalize(
+                    {k: group.get(k, v) for k, v in hyperparams.items()}, self._transform.pairs
+                )
             return self._transform.torch_state(
                 p,
                 hyperparams,

@@ -87,6 +87,17 @@ def counter_product(counter: Coef, factor: Coef, dtype: torch.dtype | None) -> C
     return torch.tensor(counter, dtype=dtype, device=device).mul_(factor).item()
 
 
+def at_least(x: Coef, floor: Coef) -> Coef:
+    """``max(floor, x)`` for the per-step schedules (ASGD's ``max(1, step - t0)``):
+    Python's ``max`` for numbers, as torch computes it, and branch-free for a tensor
+    (traced, batched or differentiated), with no Python comparison of its value."""
+    if isinstance(x, Tensor):
+        return torch.clamp(x, min=floor)
+    if isinstance(floor, Tensor):
+        return torch.clamp(floor, min=x)
+    return max(floor, x)
+
+
 class Fresh(NamedTuple):
     """``out`` as memory that holds no value yet, standing for a zero update: the first
     op that writes it assigns its result there, with no pass to zero it first, and
@@ -98,6 +109,24 @@ class Fresh(NamedTuple):
 class InPlace:
     """Overwrites buffers and ``out`` in place; coefficients are Python numbers."""
 
+    # Rprop, ASGD, RMSprop: new tensors, masks, and writes into temporaries (Rprop's factors)
+    sign = staticmethod(torch.sign)
+    mul = staticmethod(torch.mul)
+    sub = staticmethod(torch.sub)
+    addcmul = staticmethod(torch.addcmul)
+    gt = staticmethod(torch.gt)
+    lt = staticmethod(torch.lt)
+    eq = staticmethod(torch.eq)
+    masked_fill = staticmethod(torch.masked_fill)
+    masked_fill_ = staticmethod(Tensor.masked_fill_)
+    clamp_ = staticmethod(Tensor.clamp_)
+
+    @staticmethod
+    def new_param(out: Tensor, p: Tensor) -> Tensor:
+        """The param after the update `out` (ASGD's average reads it): `out` itself where
+        it is the param (the adapters step in place), else a new ``p + out``."""
+        return out if out is p else torch.add(p, out)
+
     neg = staticmethod(torch.neg)
     abs = staticmethod(torch.abs)
     sqrt = staticmethod(torch.sqrt)
@@ -108,6 +137,7 @@ class InPlace:
     sqrt_ = staticmethod(Tensor.sqrt_)
     lerp_ = staticmethod(Tensor.lerp_)
     addcmul_ = staticmethod(Tensor.addcmul_)
+    where = staticmethod(torch.where)
 
     copy_ = staticmethod(Tensor.copy_)
     clone = staticmethod(torch.clone)
@@ -168,8 +198,41 @@ def _foreach_(op: Any) -> Any:
     return apply
 
 
+def _each(op: Any) -> Any:
+    """A per-tensor op on lists, one call per tensor where torch has no foreach op
+    (comparisons, masked_fill): list arguments are taken element by element, others
+    passed to every call. Returns a `TensorList` of the results."""
+
+    def apply(x: TensorList, *args: Any) -> TensorList:
+        return TensorList(op(t, *(a[i] if isinstance(a, list) else a for a in args)) for i, t in enumerate(x))
+
+    return apply
+
+
+def _clamp(clamp_min: Any, clamp_max: Any) -> Any:
+    """``clamp(x, low, high)`` on lists, as two foreach ops (the same values: clamp is
+    ``min(max(x, low), high)``)."""
+    return lambda x, low, high: clamp_max(clamp_min(x, low), high)
+
+
 class ForEach:
     """`InPlace` on lists of tensors: one ``torch._foreach_*`` call per op."""
+
+    sign = staticmethod(_foreach(torch._foreach_sign))
+    mul = staticmethod(_foreach(torch._foreach_mul))
+    sub = staticmethod(_foreach(torch._foreach_sub))
+    addcmul = staticmethod(_foreach(torch._foreach_addcmul))
+    gt = staticmethod(_each(torch.gt))
+    lt = staticmethod(_each(torch.lt))
+    eq = staticmethod(_each(torch.eq))
+    masked_fill = staticmethod(_each(torch.masked_fill))
+    masked_fill_ = staticmethod(_each(Tensor.masked_fill_))
+    clamp_ = staticmethod(_clamp(_foreach_(torch._foreach_clamp_min_), _foreach_(torch._foreach_clamp_max_)))
+
+    @staticmethod
+    def new_param(out: TensorList, p: TensorList) -> TensorList:
+        """`InPlace.new_param` on lists."""
+        return out if out is p else TensorList(torch._foreach_add(p, out))
 
     neg = staticmethod(_foreach(torch._foreach_neg))
     abs = staticmethod(_foreach(torch._foreach_abs))
@@ -201,6 +264,26 @@ class PureForEach:
     where autograd records (a MAML inner loop) and no torch.func transform runs; never
     for the adapters' differentiable step, which writes its results into its inputs.
     Coefficients are Python numbers."""
+
+    sign = staticmethod(_foreach(torch._foreach_sign))
+    mul = staticmethod(_foreach(torch._foreach_mul))
+    sub = staticmethod(_foreach(torch._foreach_sub))
+    addcmul = staticmethod(_foreach(torch._foreach_addcmul))
+    gt = staticmethod(_each(torch.gt))
+    lt = staticmethod(_each(torch.lt))
+    eq = staticmethod(_each(torch.eq))
+    masked_fill = masked_fill_ = staticmethod(_each(torch.masked_fill))
+    clamp_ = staticmethod(_clamp(_foreach(torch._foreach_clamp_min), _foreach(torch._foreach_clamp_max)))
+
+    @staticmethod
+    def copy_(x: TensorList, y: TensorList) -> TensorList:
+        """`y` in place of the buffer `x` (`y` is a result of the math, never an input)."""
+        return y
+
+    @staticmethod
+    def new_param(out: TensorList | None, p: TensorList) -> TensorList:
+        """`Pure.new_param` on lists."""
+        return p if out is None else TensorList(torch._foreach_add(p, out))
 
     neg = staticmethod(_foreach(torch._foreach_neg))
     abs = staticmethod(_foreach(torch._foreach_abs))
@@ -255,6 +338,62 @@ def _scale(x: Tensor, c: Coef) -> Tensor:
 class Pure:
     """Returns new tensors and mutates nothing; coefficients may be 0-d tensors."""
 
+    sign = staticmethod(torch.sign)
+    sub = staticmethod(torch.sub)
+
+    @staticmethod
+    def mul(x: Tensor, y: Tensor | Coef) -> Tensor:
+        return x * _cast(y, x)
+
+    @staticmethod
+    def addcmul(x: Tensor, a: Tensor, b: Tensor, value: Coef = 1) -> Tensor:
+        return Pure.addcmul_(x, a, b, value)
+
+    @staticmethod
+    def gt(x: Tensor, c: Coef) -> Tensor:
+        return torch.gt(x, _cast(c, x))  # compared in x's dtype, as torch compares a number
+
+    @staticmethod
+    def lt(x: Tensor, c: Coef) -> Tensor:
+        return torch.lt(x, _cast(c, x))
+
+    @staticmethod
+    def eq(x: Tensor, c: Coef) -> Tensor:
+        return torch.eq(x, _cast(c, x))
+
+    @staticmethod
+    def masked_fill(x: Tensor, mask: Tensor, value: Coef) -> Tensor:
+        """``x`` with `value` where `mask` holds; a tensor `value` through ``torch.where``
+        (``masked_fill`` has no batching rule for it)."""
+        if isinstance(value, Tensor):
+            return torch.where(mask, _cast(value, x), x)
+        return torch.masked_fill(x, mask, value)
+
+    masked_fill_ = masked_fill
+
+    @staticmethod
+    def clamp_(x: Tensor, low: Coef, high: Coef) -> Tensor:
+        """``torch.clamp``; with a tensor bound, both as tensors of x's dtype (a tensor
+        and a number together have no batching rule)."""
+        if not isinstance(low, Tensor) and not isinstance(high, Tensor):
+            return torch.clamp(x, low, high)
+
+        def bound(c: Coef) -> Tensor:
+            return _cast(c, x) if isinstance(c, Tensor) else torch.full((), c, dtype=x.dtype, device=x.device)
+
+        return torch.clamp(x, bound(low), bound(high))
+
+    @staticmethod
+    def copy_(x: Tensor, y: Tensor) -> Tensor:
+        """`y` in place of the buffer `x` (`y` is a result of the math, never an input)."""
+        return y
+
+    @staticmethod
+    def new_param(out: Tensor | None, p: Tensor) -> Tensor:
+        """The param after the update `out` (None: a zero update): ``p + out``, as
+        ``apply_updates`` and the adapters' pure step compute it."""
+        return p if out is None else p + out
+
     neg = staticmethod(torch.neg)
     abs = staticmethod(torch.abs)
     sqrt = staticmethod(torch.sqrt)
@@ -267,6 +406,13 @@ class Pure:
         """`InPlace.item` without reading the value on the host (traceable, batchable): a
         float64 0-d tensor, the precision of the Python number torch reads."""
         return x.to(torch.float64)
+
+    @staticmethod
+    def where(condition: Tensor, x: Tensor, y: Tensor | Coef) -> Tensor:
+        """``torch.where``: the math's choice between two results where the condition
+        is a tensor (RAdam's rectification, from a traced or batched step count), with
+        no Python branch on a tensor's value."""
+        return torch.where(condition, x, _cast(y, x))
 
     @staticmethod
     def add(x: Tensor, y: Tensor | Coef, alpha: Coef = 1) -> Tensor:
