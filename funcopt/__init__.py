@@ -33,6 +33,7 @@ from ._src.base import (
     chain,
 )
 from ._src.clipping import clip_by_global_norm
+from ._src.lbfgs import LBFGS, LBFGSState, lbfgs
 from ._src.masking import MaskedState, masked, partition
 from ._src.meta import inner_loop
 from ._src.muon import Muon, MuonState, muon
@@ -41,6 +42,7 @@ from ._src.rmsprop import RMSprop, RMSpropState, rmsprop
 from ._src.rprop import Rprop, RpropState, rprop
 from ._src.schedules import *  # noqa: F403  (each module lists its names in its __all__)
 from ._src.sgd import SGD, SGDState, sgd
+from ._src.sparse_adam import SparseAdam, SparseAdamState, sparse_adam
 from ._src.transforms import *  # noqa: F403
 from ._src.wrappers import *  # noqa: F403
 
@@ -59,6 +61,8 @@ __all__ = [
     "AdamaxState",
     "EmptyState",
     "GradientTransformation",
+    "LBFGS",
+    "LBFGSState",
     "MaskedNode",
     "MaskedState",
     "Muon",
@@ -74,6 +78,8 @@ __all__ = [
     "State",
     "SGD",
     "SGDState",
+    "SparseAdam",
+    "SparseAdamState",
     "Updates",
     "adadelta",
     "adafactor",
@@ -84,6 +90,7 @@ __all__ = [
     "chain",
     "clip_by_global_norm",
     "inner_loop",
+    "lbfgs",
     "masked",
     "muon",
     "nadam",
@@ -91,6 +98,7 @@ __all__ = [
     "rmsprop",
     "rprop",
     "sgd",
+    "sparse_adam",
     *_schedules.__all__,
     *_transforms.__all__,
     *_wrappers.__all__,

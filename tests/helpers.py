@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Collection
 from typing import Any
 
 import optree
+import pytest
 import torch
 from torch.testing._internal.common_optimizers import (
     _get_optim_inputs_including_global_cliquey_kwargs,
@@ -16,13 +18,15 @@ from torch.testing._internal.common_utils import set_default_dtype as set_defaul
 
 import funcopt as fo
 
-# every torch.optim-compatible class funcopt exports (its torch twin has the same name)
+# every torch.optim-compatible class funcopt exports (its torch twin has the same name):
+# those on funcopt's engine (fo.Optimizer), and LBFGS (a torch.optim.Optimizer of its own)
 ALGORITHMS = sorted(
     name
     for name in fo.__all__
     if isinstance(getattr(fo, name), type)
-    and issubclass(getattr(fo, name), fo.Optimizer)
+    and issubclass(getattr(fo, name), torch.optim.Optimizer)
     and getattr(fo, name) is not fo.Optimizer
+    and isinstance(getattr(torch.optim, name, None), type)
 )
 IMPLEMENTATION_FLAGS = ("foreach", "fused", "capturable", "differentiable")
 INFOS = {info.optim_cls.__name__: info for info in optim_db if info.optim_cls.__name__ in ALGORITHMS}
@@ -37,7 +41,32 @@ def fo_cls(name: str) -> type[torch.optim.Optimizer]:
 
 
 def factory(name: str):
-    return getattr(fo, name.lower())
+    """The factory of the class `name`: its name lower-cased (fo.nadam), or in snake case
+    where that is no name (fo.sparse_adam)."""
+    snake = "".join(f"_{c.lower()}" if c.isupper() and i else c.lower() for i, c in enumerate(name))
+    return getattr(fo, name.lower(), None) or getattr(fo, snake)
+
+
+def skip_unless_steps_on_gradients(name: str) -> None:
+    """Skip the calling test, which steps `name` on the dense gradients it gives alone,
+    where torch's own OptimizerInfo says that cannot be: LBFGS's step needs a closure
+    (and fo.lbfgs's update the objective, value_fn), SparseAdam takes sparse gradients
+    only. Their own tests (tests/test_lbfgs.py, tests/test_sparse_adam.py) cover it."""
+    skip_if_closure_required(name)
+    if INFOS[name].only_supports_sparse_grads:
+        pytest.skip(
+            f"{name} takes sparse gradients only (only_supports_sparse_grads); this test gives dense ones"
+        )
+
+
+def skip_if_closure_required(name: str) -> None:
+    """Skip the calling test, which steps `name` without a closure (or updates without
+    the objective), where torch's OptimizerInfo says its step requires one (LBFGS)."""
+    if INFOS[name].step_requires_closure:
+        pytest.skip(
+            f"{name}'s step requires a closure (step_requires_closure), and fo.{factory(name).__name__}'s "
+            "update the objective (value_fn): this test steps without"
+        )
 
 
 # The test values of each algorithm's hyperparameters: the one table a new algorithm adds
@@ -75,6 +104,8 @@ HYPER: dict[str, dict[str, float]] = {
         "weight_decay": 0.05,
         "momentum_decay": 0.05,
     },
+    # max_iter, max_eval and history_size are ints: they set the loops, never tensors
+    "LBFGS": {"lr": 0.5, "tolerance_grad": 1e-3, "tolerance_change": 1e-4},
     # eps bounds a norm from below (never reached: no hypergradient); ns_coefficients a triple
     "Muon": {"lr": 0.05, "weight_decay": 0.05, "momentum": 0.8},
     # betas and eps change nothing before RAdam's rectification starts, at the sixth step
@@ -86,6 +117,7 @@ HYPER: dict[str, dict[str, float]] = {
     # the step non-linear in lr, which test_first_order_maml relies on (tests/test_rprop.py)
     "Rprop": {"lr": 0.1, "etaminus": 0.4, "etaplus": 1.3},
     "SGD": {"lr": 0.1, "momentum": 0.8, "dampening": 0.2, "weight_decay": 0.05},
+    "SparseAdam": {"lr": 0.05, "beta1": 0.8, "beta2": 0.9, "eps": 1e-3},
 }
 
 
@@ -142,7 +174,7 @@ def optim_inputs(name: str, with_flags: bool = True) -> list[tuple[str, dict[str
     else:
         inputs = info.optim_inputs_func("cpu")
     out = [(i.desc, copy.deepcopy(i.kwargs)) for i in inputs]
-    if with_flags:
+    if with_flags and "foreach" in inspect.signature(torch_cls(name)).parameters:  # not SparseAdam's
         out += [(f"{i.desc} & foreach", {**i.kwargs, "foreach": True}) for i in info.optim_inputs_func("cpu")]
     return out
 

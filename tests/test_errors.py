@@ -20,6 +20,8 @@ from helpers import (
     full_state,
     kwargs_of,
     make,
+    skip_if_closure_required,
+    skip_unless_steps_on_gradients,
     torch_cls,
     trainable,
 )
@@ -209,6 +211,7 @@ def _with_buffers(name):
 def test_update_with_mismatched_shapes(name):
     """A gradient or a state that would broadcast against its param raises, instead of
     silently giving the update, the state and then the param another shape."""
+    skip_if_closure_required(name)
     params = {"a": torch.randn(3), "b": torch.randn(2)}
     tx = _with_buffers(name)
     state = full_state(tx, params)
@@ -223,6 +226,7 @@ def test_update_with_mismatched_shapes(name):
 def test_update_with_mismatched_dtypes(name):
     """A gradient of another dtype than its param raises an error naming the leaf and the
     dtypes, rather than one from inside the math that names no tensor."""
+    skip_if_closure_required(name)
     params = {"a": torch.randn(3), "b": torch.randn(2)}
     tx = _with_buffers(name)
     grads = {"a": torch.randn(3), "b": torch.randn(2, dtype=torch.float64)}
@@ -239,6 +243,7 @@ def test_update_with_tensors_on_different_devices(name):
     """A gradient, or a state buffer, on another device than its param raises an error
     naming the leaf and the devices (torch's own names no tensor); the meta device
     stands in for a GPU."""
+    skip_if_closure_required(name)
     if name == "SGD":
         pytest.skip(
             "the meta device is no stand-in here: torch's foreach ops, which SGD's grouped step "
@@ -289,6 +294,7 @@ def test_leaves_that_are_not_tensors(name):
         r"OrderedDict, \.\.\.\): pass this object's tensors in a dict$",
     ):
         tx.init(Box(torch.randn(3)))
+    skip_if_closure_required(name)  # (its init is checked above)
     params = {"a": torch.randn(3), "b": torch.randn(2)}
     with pytest.raises(TypeError, match=rf"^{name} update: the gradient of leaf 0 is a float; grads must be"):
         tx.update({"a": 0.5, "b": torch.randn(2)}, tx.init(params), params)
@@ -425,6 +431,7 @@ STRUCTURE_CASES = {
 def test_update_with_mismatched_structures(name, case):
     """grads, state and params whose structures differ raise an error that names the
     tree that differs and says what to pass, not an error from deep inside the step."""
+    skip_if_closure_required(name)
     params = {"a": torch.randn(3), "b": torch.randn(2)}
     mismatch, match = STRUCTURE_CASES[case]
     grads, init_params, params = mismatch(params, {"a": torch.randn(3), "b": torch.randn(2)})
@@ -513,15 +520,21 @@ def test_inner_loop_refuses_a_batch_that_is_a_tensor():
 def _stepped_optimizer(name, path, shapes=((200, 200), (5,))):
     """An optimizer over a large param (stepped in blocks) and a small one, after one
     step, on the path that `path` names."""
-
+    skip_if_closure_required(name)
+    sparse = INFOS[name].only_supports_sparse_grads
+    if path == "differentiable" and "differentiable" not in inspect.signature(torch_cls(name)).parameters:
+        pytest.skip(f"{name} has no differentiable step, as torch's")
+    if path == "chain" and sparse:
+        pytest.skip(f"{name} takes sparse gradients only, which clip_by_global_norm does not")
     params = trainable([torch.randn(s) for s in shapes], path == "differentiable")
     for p in params:
-        p.grad = torch.randn_like(p)
+        p.grad = torch.randn_like(p).to_sparse() if sparse else torch.randn_like(p)
     hp = kwargs_of(_test_values(name))  # SGD with momentum: a state with buffers
     if path == "chain":
         opt = fo.Optimizer(params, fo.chain(fo.clip_by_global_norm(1.0), factory(name)(**hp)))
     else:
-        opt = fo_cls(name)(params, differentiable=path == "differentiable", **hp)
+        flags = {"differentiable": True} if path == "differentiable" else {}
+        opt = fo_cls(name)(params, **flags, **hp)
     opt.step()
     return opt, params
 
@@ -568,10 +581,11 @@ def test_param_resized_after_a_step(name, path, stale_grad):
     state; funcopt's stepped silently where the size stayed the same ((5,) to (1, 5),
     (200, 200) to (400, 100))."""
     opt, params = _stepped_optimizer(name, path)
+    as_grad = torch.Tensor.to_sparse if INFOS[name].only_supports_sparse_grads else torch.Tensor.clone
     for p, shape in zip(params, [(400, 100), (1, 5)]):
         p.data = torch.randn(shape)
         if not stale_grad:
-            p.grad = torch.randn(shape)
+            p.grad = as_grad(torch.randn(shape))
     before = _snapshot(opt, params)
     match = (
         r"a param of shape \(400, 100\) has (a gradient of shape \(200, 200\), )?\w+ of shape \(200, 200\)"
@@ -581,10 +595,10 @@ def test_param_resized_after_a_step(name, path, stale_grad):
     assert_same(_snapshot(opt, params), before)
     for p in params:
         del opt.state[p]
-        p.grad = torch.randn_like(p)
+        p.grad = as_grad(torch.randn_like(p))
     opt.step()
     for p in params:
-        buffers = [t for t in opt.state[p].values() if t.dim()]
+        buffers = [t for t in opt.state[p].values() if torch.is_tensor(t) and t.dim()]
         assert buffers and all(t.shape == p.shape for t in buffers)
 
 
@@ -595,6 +609,7 @@ def test_model_converted_after_a_step(name):
     Adamax and NAdam fail, as torch's do (where torch's error names neither the tensor
     nor the cause), with an error that says why and what to do, and change nothing.
     Loading the optimizer's own state_dict casts the state, and both then step alike."""
+    skip_unless_steps_on_gradients(name)
 
     def run(lib, attempt=True):
         torch.manual_seed(0)

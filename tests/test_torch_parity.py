@@ -15,6 +15,7 @@ import pytest
 import torch
 from helpers import (
     ALGORITHMS,
+    INFOS,
     assert_matches_torch,
     assert_same,
     factory,
@@ -22,6 +23,8 @@ from helpers import (
     functional_kwargs,
     make_params,
     optim_inputs,
+    skip_if_closure_required,
+    skip_unless_steps_on_gradients,
     torch_cls,
     trainable,
 )
@@ -55,9 +58,13 @@ def path(request, monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name,desc,kwargs", CASES, ids=[f"{n}-{d}" for n, d, _ in CASES])
 def test_matches_torch(name, desc, kwargs, dtype, path):
+    skip_if_closure_required(name)
     differentiable = kwargs.get("differentiable", False)
     if dtype.is_complex and differentiable:
         pytest.skip("torch does not test complex with differentiable=True (pytorch#116490)")
+    if dtype.is_complex and not INFOS[name].supports_complex:
+        pytest.skip(f"{name} refuses complex params, as torch's (test_errors checks torch's error)")
+    sparse = INFOS[name].only_supports_sparse_grads  # then the gradients hold about half the entries
     base = make_params(dtype)
     ref_params = trainable(base, differentiable)
     our_params = trainable(base, differentiable)
@@ -72,6 +79,8 @@ def test_matches_torch(name, desc, kwargs, dtype, path):
     gen = torch.Generator().manual_seed(1)
     for step in range(STEPS):
         grads = [torch.randn(p.shape, generator=gen, dtype=dtype) for p in base]
+        if sparse:
+            grads = [(g * (torch.rand(g.shape, generator=gen) < 0.5)).to_sparse() for g in grads]
         grads = [None if i in NO_GRAD.get(step, ()) else g for i, g in enumerate(grads)]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # .grad of a non-leaf (differentiable)
@@ -95,6 +104,7 @@ def test_matches_torch(name, desc, kwargs, dtype, path):
         for i, p in enumerate(ref_params):
             for key, value in ref.state.get(p, {}).items():
                 if key in ours._transform.counters:  # init gives float64 params float64 counters
+                    value = torch.as_tensor(value)  # (SparseAdam's a Python int, as torch's)
                     value = value.to(torch.promote_types(value.dtype, real_dtype(p)))
                 assert_same(getattr(f_state, key)[str(i)], value, f"functional {key}[{i}]")
 
@@ -104,6 +114,7 @@ def test_large_tensors_match_torch(name):
     """Real sizes: a param split into several blocks, a non-contiguous large one, a
     large complex one, and one of a single block whose gradients are transposed views,
     for the adapter and the functional path."""
+    skip_unless_steps_on_gradients(name)
     gen = torch.Generator().manual_seed(0)
     base = [
         torch.randn(3 * inplace.SEGMENT + 5, generator=gen),
@@ -130,6 +141,7 @@ def test_small_params_in_chunks_match_torch(name, dtype):
     channels-last and transposed ones that cannot, 1-d and 0-d params, enough 1-d
     params to fill a chunk (`inplace.CHUNK`) and start another, and groups that fill
     one when they join the 1-d chunk."""
+    skip_unless_steps_on_gradients(name)
     gen = torch.Generator().manual_seed(0)
 
     def rand(*shape):

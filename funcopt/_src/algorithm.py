@@ -85,6 +85,8 @@ class Bound:
     inclusive: bool = True
     # torch checks ``value < 0.0`` (SGD, ...), which NaN passes, not ``not 0.0 <= value``
     nan_passes: bool = False
+    # torch checks ``not 0.0 < value``: zero is out of range too (SparseAdam's lr and eps)
+    positive: bool = False
 
     def check(self, hyperparams: Hyperparams, tensors: bool) -> None:
         if self.key not in hyperparams:  # a funcopt extra (eps_root) the adapters lack
@@ -99,7 +101,10 @@ class Bound:
             raise TypeError(f"{name} must be a number or a 0-d tensor; got {value!r}")
         if isinstance(value, Tensor) and not tensors:
             return  # may be batched or traced: never read in Python
-        ok = not value < 0.0 if self.nan_passes else 0.0 <= value
+        if self.nan_passes:
+            ok = not value < 0.0
+        else:
+            ok = 0.0 < value if self.positive else 0.0 <= value
         if ok and self.high is not None:
             ok = value <= self.high if self.inclusive else value < self.high
         if not ok:
@@ -168,6 +173,30 @@ def full_like(p: Tensor, value: Any) -> Tensor:
     if p.is_complex():
         value = complex(value, value)
     return torch.full_like(p, value, memory_format=torch.preserve_format)
+
+
+def check_param(name: str, i: int, p: Any) -> None:
+    """Raise a TypeError that says what to pass where leaf `i` of the params given to
+    `name`'s init is no tensor a gradient step can update."""
+    if not isinstance(p, Tensor):
+        must = "params must be a pytree of tensors"
+        if isinstance(p, (torch.nn.Module, Iterator)):  # a model, or model.parameters()
+            must += (
+                ": for a module's, a dict or list of them, such as "
+                "{name: p.detach() for name, p in model.named_parameters()}"
+            )
+        elif hasattr(p, "__dict__"):  # an object of a class of the user's (a dataclass, ...)
+            must += (
+                ", and its containers are those optree flattens without a namespace (dict, "
+                "list, tuple, NamedTuple, OrderedDict, ...): pass this object's tensors in a dict"
+            )
+        raise TypeError(f"{name} init: leaf {i} of params is {a_kind(p)}; {must}")
+    if not (p.is_floating_point() or p.is_complex()):
+        raise TypeError(
+            f"{name} init: leaf {i} of params is a tensor of dtype {dtype_name(p)}, which no "
+            "gradient step can update; leave it out of the params (such as BatchNorm's "
+            "num_batches_tracked), or put None in its place"
+        )
 
 
 def _is_pair_tensor(value: Any) -> bool:
@@ -286,25 +315,7 @@ class Algorithm:
                 for column in columns:
                     column.append(None)
                 continue
-            if not isinstance(p, Tensor):
-                must = "params must be a pytree of tensors"
-                if isinstance(p, (torch.nn.Module, Iterator)):  # a model, or model.parameters()
-                    must += (
-                        ": for a module's, a dict or list of them, such as "
-                        "{name: p.detach() for name, p in model.named_parameters()}"
-                    )
-                elif hasattr(p, "__dict__"):  # an object of a class of the user's (a dataclass, ...)
-                    must += (
-                        ", and its containers are those optree flattens without a namespace (dict, "
-                        "list, tuple, NamedTuple, OrderedDict, ...): pass this object's tensors in a dict"
-                    )
-                raise TypeError(f"{self.name} init: leaf {i} of params is {a_kind(p)}; {must}")
-            if not (p.is_floating_point() or p.is_complex()):
-                raise TypeError(
-                    f"{self.name} init: leaf {i} of params is a tensor of dtype {dtype_name(p)}, which no "
-                    "gradient step can update; leave it out of the params (such as BatchNorm's "
-                    "num_batches_tracked), or put None in its place"
-                )
+            check_param(self.name, i, p)
             where = (p.device, torch.promote_types(scalar_dtype(), real_dtype(p)))
             if where not in shared:
                 shared[where] = [torch.as_tensor(v, dtype=where[1], device=p.device) for v in initial[:k]]

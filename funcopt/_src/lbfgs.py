@@ -1,0 +1,1055 @@
+"""L-BFGS with torch's optional strong-Wolfe line search (``torch.optim.LBFGS``).
+
+One copy of the math serves both faces: `LBFGS`, torch's closure-based class (its state
+and ``state_dict`` torch's: Python lists of history tensors, Python numbers), and
+`lbfgs`, a pure transformation whose ``update`` takes the objective (``value_fn``) and
+whose state holds the history in buffers of a fixed size.
+
+The math (the two-loop recursion, the strong-Wolfe line search, the loop of a step) is
+written once, in a branch-free style, against a namespace ``S`` of the few operations
+that decide something:
+
+- `_Eager` decides as torch does: a condition is read in Python, ``S.where`` picks one
+  of two values, ``S.cond`` runs one of two branches, loops stop as soon as nothing is
+  left to do, and the values keep torch's types (the loss a Python float, a step
+  length a float or a tensor). The class and the functional update in plain eager mode
+  run this way, operation for operation as torch's step.
+- `_Traced` decides nothing in Python, for ``torch.func`` transforms and tracers
+  (``vmap``, ``grad``, ``torch.compile``), where a value cannot be read: both branches
+  run and ``torch.where`` picks, every loop runs its largest number of rounds, and
+  what is finished is carried along unchanged (masked). Scalars are tensors (the loss
+  in float64, where torch has a Python float).
+"""
+
+from __future__ import annotations
+
+import builtins
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+from torch.optim.optimizer import ParamsT, _to_scalar
+
+from .algorithm import Bound, check_param
+from .base import GradientTransformation, Params, a_kind, flatten_together, tracing
+
+_LR = Bound("lr", "Invalid learning rate: {}")
+"""torch's range check of the learning rate."""
+
+
+# -- the two ways to decide ---------------------------------------------------------
+
+
+class _Eager:
+    """torch's control flow: conditions read in Python, torch's types kept."""
+
+    @staticmethod
+    def stop(live: Any) -> bool:
+        """Whether a loop ends here: nothing is left running."""
+        return not live
+
+    @staticmethod
+    def rounds(most: int) -> Iterable[int]:
+        """A loop's rounds: as many as it takes (it stops by itself)."""
+        return itertools.count()
+
+    @staticmethod
+    def where(condition: Any, a: Any, b: Any) -> Any:
+        return a if condition else b
+
+    @staticmethod
+    def cond(condition: Any, if_true: Callable[..., Any], if_false: Callable[..., Any], *args: Any) -> Any:
+        """The branch that `condition` takes, and only that one, on `args`."""
+        return if_true(*args) if condition else if_false(*args)
+
+    @staticmethod
+    def and_(a: Any, b: Any) -> Any:
+        return a and b
+
+    @staticmethod
+    def or_(a: Any, b: Any) -> Any:
+        return a or b
+
+    @staticmethod
+    def not_(a: Any) -> bool:
+        return not a
+
+    min = staticmethod(builtins.min)
+    max = staticmethod(builtins.max)
+
+    @staticmethod
+    def number(x: Any) -> Any:
+        """A loss as torch reads it: a Python float."""
+        return float(x)
+
+    @staticmethod
+    def count(condition: Any) -> int:
+        return 1 if condition else 0
+
+    @staticmethod
+    def safe(x: Any) -> Any:
+        """A divisor (never guarded: the branch that divides by it is the one taken)."""
+        return x
+
+    @staticmethod
+    def sqrt(x: Tensor, real: Any) -> Tensor:
+        return x.sqrt()
+
+    @staticmethod
+    def axpy(x: Tensor, y: Tensor, a: Any) -> Tensor:
+        """``x + a * y`` as torch's ``x.add_(y, alpha=a)`` computes it (``a`` read as a
+        number), or with ``a`` as a tensor where autograd records it."""
+        if isinstance(a, Tensor) and a.requires_grad and torch.is_grad_enabled():
+            return x + a.to(x.dtype) * y
+        return torch.add(x, y, alpha=a)
+
+
+def _bool(x: Any) -> Tensor:
+    return x if isinstance(x, Tensor) else torch.tensor(bool(x))
+
+
+class _Traced:
+    """Branch-free: both sides computed, ``torch.where`` picks; loops run all rounds."""
+
+    @staticmethod
+    def stop(live: Any) -> bool:
+        return False
+
+    @staticmethod
+    def rounds(most: int) -> Iterable[int]:
+        return range(most)
+
+    @staticmethod
+    def where(condition: Any, a: Any, b: Any) -> Any:
+        if isinstance(a, tuple):
+            return tuple(_Traced.where(condition, x, y) for x, y in zip(a, b))
+        return torch.where(_bool(condition), a, b)
+
+    @staticmethod
+    def cond(condition: Any, if_true: Callable[..., Any], if_false: Callable[..., Any], *args: Any) -> Any:
+        return _Traced.where(condition, if_true(*args), if_false(*args))
+
+    @staticmethod
+    def and_(a: Any, b: Any) -> Tensor:
+        return torch.logical_and(_bool(a), _bool(b))
+
+    @staticmethod
+    def or_(a: Any, b: Any) -> Tensor:
+        return torch.logical_or(_bool(a), _bool(b))
+
+    @staticmethod
+    def not_(a: Any) -> Tensor:
+        return torch.logical_not(_bool(a))
+
+    @staticmethod
+    def min(a: Any, b: Any) -> Any:
+        return torch.where(_bool(b < a), b, a)  # Python's min(a, b), NaN included
+
+    @staticmethod
+    def max(a: Any, b: Any) -> Any:
+        return torch.where(_bool(b > a), b, a)
+
+    @staticmethod
+    def number(x: Tensor) -> Tensor:
+        return x.to(torch.float64)
+
+    @staticmethod
+    def count(condition: Any) -> Tensor:
+        return _bool(condition).long()
+
+    @staticmethod
+    def safe(x: Any) -> Any:
+        """A divisor, 1 where it is 0: a quotient computed for the branch not taken is
+        then finite, and so is its (zero) share of a gradient through ``torch.where``."""
+        return torch.where(_bool(x == 0), 1, x)
+
+    @staticmethod
+    def sqrt(x: Tensor, real: Any) -> Tensor:
+        return torch.where(_bool(real), x, 1).sqrt()  # likewise for the negative side
+
+    @staticmethod
+    def axpy(x: Tensor, y: Tensor, a: Any) -> Tensor:
+        if isinstance(a, Tensor):
+            a = a.to(x.dtype)
+        return x + a * y
+
+
+# -- the history of steps and gradient changes -------------------------------------
+
+
+class _Lists:
+    """torch's history: lists of tensors, oldest first, in a param's state dict (the
+    class's) or made from a functional state's buffers."""
+
+    def __init__(self, state: dict[str, Any], size: int) -> None:
+        self.state = state
+        self.size = size
+        self.dirs: Any = state.get("old_dirs")  # None before the first iteration
+        self.stps: Any = state.get("old_stps")
+        self.ro: Any = state.get("ro")
+
+    @property
+    def slots(self) -> int:
+        return len(self.dirs)
+
+    def used(self, i: int) -> bool:
+        return True
+
+    @property
+    def al(self) -> list[Any]:
+        if "al" not in self.state:
+            self.state["al"] = [None] * self.size
+        return self.state["al"]
+
+    def reset(self, S: Any, condition: Any) -> None:
+        if condition:
+            self.dirs, self.stps, self.ro = [], [], []
+
+    def push(self, S: Any, y: Tensor, s: Tensor, ys: Tensor, condition: Any) -> None:
+        if condition:
+            if len(self.dirs) == self.size:  # shift the history by one (limited memory)
+                self.dirs.pop(0)
+                self.stps.pop(0)
+                self.ro.pop(0)
+            self.dirs.append(y)
+            self.stps.append(s)
+            self.ro.append(1.0 / ys)
+
+
+class _Buffers:
+    """The history in buffers of a fixed size (``size`` rows, oldest first), of which the
+    first ``count`` are in use: a structure that no step changes, for tracing."""
+
+    def __init__(self, dirs: Tensor, stps: Tensor, ro: Tensor, al: Tensor, count: Tensor) -> None:
+        self.dirs, self.stps, self.ro, self.count = dirs, stps, ro, count
+        self.al = list(al.unbind(0))
+        self.size = self.slots = dirs.shape[0]
+
+    def used(self, i: int) -> Tensor:
+        return i < self.count
+
+    def reset(self, S: Any, condition: Any) -> None:
+        self.count = S.where(condition, 0, self.count)
+
+    def push(self, S: Any, y: Tensor, s: Tensor, ys: Tensor, condition: Any) -> None:
+        full = self.count >= self.size
+        at = torch.arange(self.size, device=self.dirs.device) == S.where(full, self.size - 1, self.count)
+
+        def put(buffer: Tensor, row: Tensor) -> Tensor:
+            shifted = S.where(full, torch.cat([buffer[1:], buffer[:1]]), buffer)
+            at_row = at.reshape(-1, *(1,) * row.dim())
+            return S.where(condition, torch.where(at_row, row.unsqueeze(0), shifted), buffer)
+
+        self.dirs = put(self.dirs, y)
+        self.stps = put(self.stps, s)
+        self.ro = put(self.ro, 1.0 / S.where(condition, ys, 1.0))
+        self.count = S.where(condition, S.min(self.count + 1, self.size), self.count)
+
+
+def _direction(S: Any, history: Any, flat_grad: Tensor, H_diag: Any) -> Tensor:
+    """torch's two-loop recursion: the gradient times the (negated) inverse-Hessian
+    approximation that the history makes, with ``H_diag`` as its initial scale. The
+    coefficients ``al`` are left in ``history.al``, as torch leaves them in its state."""
+    al = history.al
+    q = flat_grad.neg()
+    for i in range(history.slots - 1, -1, -1):
+        used = history.used(i)
+        al[i] = S.where(used, history.stps[i].dot(q) * history.ro[i], al[i])
+        q = S.where(used, S.axpy(q, history.dirs[i], -al[i]), q)
+    r = torch.mul(q, H_diag)
+    for i in range(history.slots):
+        used = history.used(i)
+        be_i = history.dirs[i].dot(r) * history.ro[i]
+        r = S.where(used, S.axpy(r, history.stps[i], al[i] - be_i), r)
+    return r
+
+
+# -- the line search -----------------------------------------------------------------
+
+
+def _cubic_interpolate(
+    S: Any, x1: Any, f1: Any, g1: Any, x2: Any, f2: Any, g2: Any, bounds: tuple[Any, Any] | None = None
+) -> Any:
+    """The minimizer of the cubic through two points with their values and slopes, kept
+    within `bounds` (default: between the points); their midpoint where it has none
+    (torch's ``_cubic_interpolate``, from minFunc's polyinterp)."""
+    if bounds is not None:
+        xmin_bound, xmax_bound = bounds
+    else:
+        ordered = x1 <= x2
+        xmin_bound, xmax_bound = S.where(ordered, x1, x2), S.where(ordered, x2, x1)
+    d1 = g1 + g2 - 3 * (f1 - f2) / S.safe(x1 - x2)
+    d2_square = d1**2 - g1 * g2
+    real = d2_square >= 0
+
+    def minimum() -> Any:
+        d2 = S.sqrt(d2_square, real)
+        min_pos = S.cond(
+            x1 <= x2,
+            lambda: x2 - (x2 - x1) * ((g2 + d2 - d1) / S.safe(g2 - g1 + 2 * d2)),
+            lambda: x1 - (x1 - x2) * ((g1 + d2 - d1) / S.safe(g1 - g2 + 2 * d2)),
+        )
+        return S.min(S.max(min_pos, xmin_bound), xmax_bound)
+
+    return S.cond(real, minimum, lambda: (xmin_bound + xmax_bound) / 2.0)
+
+
+def _zoom_trial(
+    S: Any, t: Any, insuf_progress: Any, b0: Any, bf0: Any, bgtd0: Any, b1: Any, bf1: Any, bgtd1: Any
+) -> tuple[Any, Any]:
+    """The zoom phase's next step length, and whether it made too little progress: the
+    cubic's minimizer in the bracket, moved 0.1 of the bracket inside where it lies near
+    an end and progress was too little (or it lies at or past an end)."""
+    tz = _cubic_interpolate(S, b0, bf0, bgtd0, b1, bf1, bgtd1)
+    high, low = S.max(b0, b1), S.min(b0, b1)
+    eps = 0.1 * (high - low)
+    near = S.min(high - tz, tz - low) < eps
+    at_end = S.or_(insuf_progress, S.or_(tz >= high, tz <= low))
+    inside = S.where(abs(tz - high) < abs(tz - low), high - eps, low + eps)
+    return S.where(S.and_(near, at_end), inside, tz), S.and_(near, S.not_(at_end))
+
+
+def _bracket_trial(S: Any, t: Any, t_prev: Any, f_prev: Any, gtd_prev: Any, f_new: Any, gtd_new: Any) -> Any:
+    """The bracketing phase's next step length: the cubic's minimizer through the last
+    two points, between 1.01 and 10 times the last step."""
+    min_step = t + 0.01 * (t - t_prev)
+    max_step = t * 10
+    return _cubic_interpolate(S, t_prev, f_prev, gtd_prev, t, f_new, gtd_new, bounds=(min_step, max_step))
+
+
+def _no_trial(S: Any, t: Any, *rest: Any) -> Any:
+    """The trial of a phase not running: the step length as it is (and for the zoom
+    phase, its progress flag)."""
+    return (t, rest[0]) if len(rest) == 7 else t
+
+
+def _take(
+    S: Any, low1: Any, higher: Any, lower: Any, flip: Any, end0: Any, end1: Any, new: Any
+) -> tuple[Any, Any]:
+    """The zoom phase's bracket ends after a new point (`new`): it replaces the high end
+    where its loss is not lower (`higher`), else the low end, the old low end becoming
+    the high end where the slope says so (`flip`)."""
+    low, high = S.where(low1, end1, end0), S.where(low1, end0, end1)
+    high = S.where(higher, new, S.where(flip, low, high))
+    low = S.where(lower, new, low)
+    return S.where(low1, high, low), S.where(low1, low, high)
+
+
+def _strong_wolfe(
+    S: Any,
+    evaluate: Callable[[Any, Any, tuple[Any, Tensor]], tuple[Any, Tensor]],
+    t: Any,
+    d: Tensor,
+    f: Any,
+    g: Tensor,
+    gtd: Any,
+    *,
+    max_ls: Any,
+    rounds: int,
+    live: Any,
+    c1: float = 1e-4,
+    c2: float = 0.9,
+    tolerance_change: float = 1e-9,
+) -> tuple[Any, Tensor, Any, Any]:
+    """torch's ``_strong_wolfe`` (from minFunc's lswolfe): a step length along `d` that
+    meets the strong Wolfe conditions, from the loss `f`, gradient `g` and slope `gtd`
+    at the start. ``evaluate(t, run, old)`` gives the loss and flat gradient at step
+    length ``t`` (``old`` where ``run`` is false). A bracketing phase looks for an
+    interval that holds such a step, a zoom phase narrows it, with at most `max_ls`
+    evaluations after the first. Each round here is one evaluation: a round of the
+    bracketing phase, or of the zoom (which may begin in the round the bracketing phase
+    ends); `rounds` bounds them where no loop may stop early (`_Traced`). Returns the
+    loss, gradient and step length found, and the number of evaluations."""
+    d_norm = d.abs().max()
+    f_new, g_new = evaluate(t, live, (f, g))
+    ls_func_evals = S.count(live)
+    gtd_new = g_new.dot(d)
+    t_prev, f_prev, g_prev, gtd_prev = 0, f, g, gtd
+    ls_iter = 0
+    # the bracket's two ends (b0 and b1, their losses, gradients and slopes), set as the
+    # bracketing phase ends; low1: whether end 1 has the lower loss (torch's low_pos)
+    b0, b1, bf0, bf1, bg0, bg1, bgtd0, bgtd1 = t, t, f_new, f_new, g_new, g_new, gtd_new, gtd_new
+    bracketing, zooming, done, insuf_progress, low1 = live, S.and_(live, False), False, False, False
+    for _ in S.rounds(rounds):
+        if S.stop(S.or_(bracketing, zooming)):
+            break
+        # -- the bracketing phase: its loop ran out, or a condition makes the bracket
+        out_of_evals = S.and_(bracketing, ls_iter >= max_ls)
+        checking = S.and_(bracketing, S.not_(out_of_evals))
+        not_lower = S.or_(f_new > (f + c1 * t * gtd), S.and_(ls_iter > 1, f_new >= f_prev))
+        wolfe = abs(gtd_new) <= -c2 * gtd
+        pair = S.and_(checking, S.or_(not_lower, S.and_(S.not_(wolfe), gtd_new >= 0)))
+        single = S.and_(checking, S.and_(S.not_(not_lower), wolfe))  # [t]: done
+        entering = S.or_(out_of_evals, S.or_(pair, single))
+        b0 = S.where(out_of_evals, 0, S.where(pair, t_prev, S.where(single, t, b0)))
+        b1 = S.where(entering, t, b1)
+        bf0 = S.where(out_of_evals, f, S.where(pair, f_prev, S.where(single, f_new, bf0)))
+        bf1 = S.where(entering, f_new, bf1)
+        bg0 = S.where(out_of_evals, g, S.where(pair, g_prev, S.where(single, g_new, bg0)))
+        bg1 = S.where(entering, g_new, bg1)
+        bgtd0 = S.where(pair, gtd_prev, S.where(single, gtd_new, bgtd0))
+        bgtd1 = S.where(S.or_(pair, single), gtd_new, bgtd1)
+        done = S.or_(done, single)
+        bracketing = S.and_(checking, S.not_(S.or_(pair, single)))
+        zooming = S.or_(zooming, entering)
+        insuf_progress = S.where(entering, False, insuf_progress)
+        low1 = S.where(entering, S.not_(bf0 <= bf1), low1)
+        # -- the zoom phase: it stops when done, out of evaluations, or the bracket is tiny
+        small = abs(b1 - b0) * d_norm < tolerance_change
+        zooming = S.and_(zooming, S.not_(S.or_(S.or_(done, ls_iter >= max_ls), small)))
+
+        bracket = (b0, bf0, bgtd0, b1, bf1, bgtd1)
+        tz, insuf_progress = S.cond(zooming, _zoom_trial, _no_trial, S, t, insuf_progress, *bracket)
+        tb = S.cond(bracketing, _bracket_trial, _no_trial, S, t, t_prev, f_prev, gtd_prev, f_new, gtd_new)
+        t_prev, f_prev = S.where(bracketing, t, t_prev), S.where(bracketing, f_new, f_prev)
+        g_prev, gtd_prev = S.where(bracketing, g_new, g_prev), S.where(bracketing, gtd_new, gtd_prev)
+        run = S.or_(bracketing, zooming)
+        t = S.where(bracketing, tb, tz)
+        f_new, g_new = evaluate(t, run, (f_new, g_new))
+        ls_func_evals = ls_func_evals + S.count(run)
+        gtd_new = S.where(run, g_new.dot(d), gtd_new)
+        ls_iter = ls_iter + S.count(run)
+        # -- the zoom phase takes the new point into its bracket
+        f_low = S.where(low1, bf1, bf0)
+        higher = S.and_(zooming, S.or_(f_new > (f + c1 * t * gtd), f_new >= f_low))
+        lower = S.and_(zooming, S.not_(higher))
+        wolfe = abs(gtd_new) <= -c2 * gtd
+        done = S.or_(done, S.and_(lower, wolfe))
+        b_high, b_low = S.where(low1, b0, b1), S.where(low1, b1, b0)
+        # the old low end becomes the high end
+        flip = S.and_(lower, S.and_(S.not_(wolfe), gtd_new * (b_high - b_low) >= 0))
+
+        moves = (S, low1, higher, lower, flip)
+        b0, b1 = _take(*moves, b0, b1, t)
+        bf0, bf1 = _take(*moves, bf0, bf1, f_new)
+        bg0, bg1 = _take(*moves, bg0, bg1, g_new)
+        bgtd0, bgtd1 = _take(*moves, bgtd0, bgtd1, gtd_new)
+        low1 = S.where(higher, S.not_(bf0 <= bf1), low1)
+    # out of rounds still bracketing (`_Traced` only): out of evaluations, as torch's loop
+    b0, b1 = S.where(bracketing, 0, b0), S.where(bracketing, t, b1)
+    bf0, bf1 = S.where(bracketing, f, bf0), S.where(bracketing, f_new, bf1)
+    bg0, bg1 = S.where(bracketing, g, bg0), S.where(bracketing, g_new, bg1)
+    low1 = S.where(bracketing, S.not_(bf0 <= bf1), low1)
+    return S.where(low1, bf1, bf0), S.where(low1, bg1, bg0), S.where(low1, b1, b0), ls_func_evals
+
+
+# -- one step ------------------------------------------------------------------------
+
+
+class _Step:
+    """What a step reads and leaves: torch's state entries (``hist`` holds the history),
+    as Python values (`_Eager`) or tensors (`_Traced`)."""
+
+    def __init__(self, **entries: Any) -> None:
+        self.func_evals: Any = None
+        self.n_iter: Any = None
+        self.d: Any = None
+        self.t: Any = None
+        self.hist: Any = None
+        self.H_diag: Any = None
+        self.prev_flat_grad: Any = None
+        self.prev_loss: Any = None
+        self.__dict__.update(entries)
+
+
+def _lbfgs_direction(
+    S: Any,
+    hist: Any,
+    flat_grad: Tensor,
+    prev_flat_grad: Tensor,
+    d: Tensor,
+    t: Any,
+    H_diag: Any,
+    live: Any,
+    first: Any,
+) -> tuple[Any, Tensor]:
+    """After the first iteration: the history takes the last step and gradient change
+    (where their product is positive), and makes the direction (`_direction`)."""
+    y = flat_grad.sub(prev_flat_grad)
+    s = d.mul(t)
+    ys = y.dot(s)
+    stored = S.and_(S.and_(live, S.not_(first)), ys > 1e-10)  # (traced: also run at the first)
+    hist.push(S, y, s, ys, stored)
+    H_diag = S.where(stored, ys / S.safe(y.dot(y)), H_diag)  # the initial Hessian's scale
+    return H_diag, _direction(S, hist, flat_grad, H_diag)
+
+
+def _first_direction(
+    S: Any,
+    hist: Any,
+    flat_grad: Tensor,
+    prev_flat_grad: Tensor,
+    d: Tensor,
+    t: Any,
+    H_diag: Any,
+    live: Any,
+    first: Any,
+) -> tuple[Any, Tensor]:
+    """At the first iteration: the gradient's direction, and a unit Hessian scale."""
+    return S.where(live, 1, H_diag), flat_grad.neg()
+
+
+def _first_step_length(S: Any, flat_grad: Tensor, lr: Any) -> Any:
+    return S.min(1.0, 1.0 / S.safe(flat_grad.abs().sum())) * lr
+
+
+def _step_length(S: Any, flat_grad: Tensor, lr: Any) -> Any:
+    return lr
+
+
+def _run(
+    S: Any,
+    point: Any,
+    st: _Step,
+    loss: Any,
+    flat_grad: Tensor,
+    *,
+    lr: Any,
+    max_iter: int,
+    max_eval: int,
+    tolerance_grad: Any,
+    tolerance_change: Any,
+    line_search_fn: str | None,
+    **_: Any,
+) -> bool:
+    """torch's ``LBFGS.step`` after its first evaluation (`loss`, `flat_grad`), on the
+    entries of `st`, moving `point` (see `_Closure` and `_Position`). Returns whether it
+    went past the first check (torch returns there, its state otherwise untouched)."""
+    current_evals = 1
+    st.func_evals = st.func_evals + 1
+    opt_cond = flat_grad.abs().max() <= tolerance_grad
+    live = S.not_(opt_cond)  # the step goes on (traced: per member of a batch)
+    if S.stop(live):
+        return False
+    d, t, hist, H_diag = st.d, st.t, st.hist, st.H_diag
+    prev_flat_grad, prev_loss = st.prev_flat_grad, st.prev_loss
+    n_iter = 0
+    for _ in S.rounds(max_iter):  # torch's `while n_iter < max_iter` (max_iter may be a float)
+        live = S.and_(live, n_iter < max_iter)
+        if S.stop(live):
+            break
+        n_iter = n_iter + S.count(live)
+        st.n_iter = st.n_iter + S.count(live)
+        first = st.n_iter == 1
+        # -- the direction: the gradient's, or the L-BFGS one from the updated history
+        hist.reset(S, S.and_(live, first))
+
+        H_diag, d_new = S.cond(
+            S.not_(first),
+            _lbfgs_direction,
+            _first_direction,
+            S,
+            hist,
+            flat_grad,
+            prev_flat_grad,
+            d,
+            t,
+            H_diag,
+            live,
+            first,
+        )
+        d = S.where(live, d_new, d)
+        prev_flat_grad = S.where(live, flat_grad, prev_flat_grad)
+        prev_loss = S.where(live, loss, prev_loss)
+        # -- the step length
+        t_new = S.cond(first, _first_step_length, _step_length, S, flat_grad, lr)
+        t = S.where(live, t_new, t)
+        gtd = flat_grad.dot(d)  # the directional derivative
+        live = S.and_(live, S.not_(gtd > -tolerance_change))
+        if S.stop(live):
+            break
+        if line_search_fn is not None:
+            if line_search_fn != "strong_wolfe":
+                raise RuntimeError("only 'strong_wolfe' is supported")
+            loss_new, grad_new, t_new, ls_func_evals = _strong_wolfe(
+                S,
+                point.searcher(d),
+                t,
+                d,
+                loss,
+                flat_grad,
+                gtd,
+                max_ls=max_eval - current_evals,
+                rounds=max_eval - 1,
+                live=live,
+            )
+            loss, flat_grad, t = (
+                S.where(live, loss_new, loss),
+                S.where(live, grad_new, flat_grad),
+                S.where(live, t_new, t),
+            )
+            point.move(S, t, d, live)
+            opt_cond = flat_grad.abs().max() <= tolerance_grad
+        else:  # a fixed step, then the loss there, but in the last iteration
+            point.move(S, t, d, live)
+            again = S.and_(live, n_iter != max_iter)
+            loss, flat_grad = point.evaluate(again, (loss, flat_grad))
+            opt_cond = S.where(again, flat_grad.abs().max() <= tolerance_grad, opt_cond)
+            ls_func_evals = S.count(again)
+        current_evals = current_evals + ls_func_evals
+        st.func_evals = st.func_evals + ls_func_evals
+        # -- the conditions that end the step
+        ended = S.or_(S.or_(n_iter == max_iter, current_evals >= max_eval), opt_cond)
+        ended = S.or_(
+            ended, S.or_(d.mul(t).abs().max() <= tolerance_change, abs(loss - prev_loss) < tolerance_change)
+        )
+        live = S.and_(live, S.not_(ended))
+    st.d, st.t, st.hist, st.H_diag = d, t, hist, H_diag
+    st.prev_flat_grad, st.prev_loss = prev_flat_grad, prev_loss
+    return True
+
+
+# -- flat vectors of params and gradients -----------------------------------------
+
+
+def _flat_grad(grads: Sequence[Tensor | None], params: Sequence[Tensor]) -> Tensor:
+    """The gradients as one flat vector, as torch's ``_gather_flat_grad``: a missing one
+    as zeros, a sparse one densified, a complex one as pairs of reals."""
+    views = []
+    for p, g in zip(params, grads):
+        if g is None:
+            view = torch.zeros(p.numel(), dtype=p.dtype, device=p.device)
+        elif g.is_sparse:
+            view = g.to_dense().reshape(-1)
+        else:
+            view = g.reshape(-1)
+        if torch.is_complex(view):
+            view = torch.view_as_real(view).reshape(-1)
+        views.append(view)
+    return torch.cat(views, 0)
+
+
+def _slices(flat: Tensor, params: Sequence[Tensor]) -> list[Tensor]:
+    """`flat` cut into one piece per param, each shaped like the param (like its real
+    view where it is complex)."""
+    pieces, offset = [], 0
+    for p in params:
+        real = torch.view_as_real(p) if torch.is_complex(p) else p
+        pieces.append(flat[offset : offset + real.numel()].view_as(real))
+        offset += real.numel()
+    if offset != flat.numel():
+        raise AssertionError(f"Expected offset {offset} to equal {flat.numel()}")
+    return pieces
+
+
+class _Closure:
+    """The class's params, moved in place, and its closure (torch's evaluation)."""
+
+    def __init__(self, opt: LBFGS, closure: Callable[[], Any]) -> None:
+        self.opt, self.closure = opt, closure
+
+    def searcher(self, d: Tensor) -> Callable[[Any, Any, Any], tuple[Any, Tensor]]:
+        x_init = self.opt._clone_param()
+        return lambda t, run, old: self.opt._directional_evaluate(self.closure, x_init, t, d)
+
+    def move(self, S: Any, t: Any, d: Tensor, live: Any) -> None:
+        self.opt._add_grad(t, d)
+
+    def evaluate(self, run: Any, old: Any) -> tuple[Any, Tensor]:
+        if not run:
+            return old
+        with torch.enable_grad():
+            loss = self.closure()
+        return float(loss), self.opt._gather_flat_grad()
+
+
+class _Position:
+    """The functional update's params, as new tensors, and its ``value_fn``."""
+
+    def __init__(
+        self, S: Any, params: list[Tensor], rebuild: Callable[[list[Tensor]], Any], value_fn: Any
+    ) -> None:
+        self.S, self.params, self.rebuild, self.value_fn = S, params, rebuild, value_fn
+
+    def at(self, t: Any, d: Tensor) -> list[Tensor]:
+        """The params moved by ``t * d``, each in its own dtype (torch's ``p.add_``)."""
+        moved = []
+        for p, piece in zip(self.params, _slices(d, self.params)):
+            real = torch.view_as_real(p) if torch.is_complex(p) else p
+            new = self.S.axpy(real, piece, t).to(real.dtype)
+            moved.append(torch.view_as_complex(new) if torch.is_complex(p) else new)
+        return moved
+
+    def value_and_grad(self, params: list[Tensor]) -> tuple[Any, Tensor]:
+        grads, value = torch.func.grad_and_value(lambda ps: self.value_fn(self.rebuild(ps)))(params)
+        return self.S.number(value), _flat_grad(grads, params)
+
+    def searcher(self, d: Tensor) -> Callable[[Any, Any, Any], tuple[Any, Tensor]]:
+        return lambda t, run, old: self.S.cond(run, lambda: self.value_and_grad(self.at(t, d)), lambda: old)
+
+    def move(self, S: Any, t: Any, d: Tensor, live: Any) -> None:
+        moved = self.at(t, d)
+        self.params = [S.where(live, new, p) for new, p in zip(moved, self.params)]
+
+    def evaluate(self, run: Any, old: Any) -> tuple[Any, Tensor]:
+        return self.S.cond(run, lambda: self.value_and_grad(self.params), lambda: old)
+
+
+# -- the class -------------------------------------------------------------------------
+
+
+class LBFGS(torch.optim.Optimizer):
+    """Drop-in ``torch.optim.LBFGS``: same arguments, closure-based ``step``, state
+    (kept with the first param, as torch keeps it: ``func_evals``, ``n_iter``, ``d``,
+    ``t``, ``old_dirs``, ``old_stps``, ``ro``, ``H_diag``, ``prev_flat_grad``,
+    ``prev_loss``, ``al``) and ``state_dict`` format, so checkpoints load both ways.
+    It runs the math of `lbfgs`, operation for operation as torch's step.
+
+    Args:
+        params: the params to optimize, in one group (as torch, no per-group options).
+        lr: learning rate (the initial step length of each line search).
+        max_iter: iterations per ``step``.
+        max_eval: evaluations of the closure per ``step`` (default ``max_iter * 5 // 4``).
+        tolerance_grad: stop where the largest gradient entry is this small.
+        tolerance_change: stop where the loss or the params change less.
+        history_size: the number of past steps the Hessian approximation keeps.
+        line_search_fn: ``"strong_wolfe"``, or None for fixed steps of length ``lr``.
+    """
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float | Tensor = 1,
+        max_iter: int = 20,
+        max_eval: int | None = None,
+        tolerance_grad: float = 1e-7,
+        tolerance_change: float = 1e-9,
+        history_size: int = 100,
+        line_search_fn: str | None = None,
+    ) -> None:
+        if isinstance(lr, Tensor) and lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
+        _LR.check({"lr": lr}, tensors=True)
+        if max_eval is None:
+            max_eval = max_iter * 5 // 4
+        defaults = {
+            "lr": lr,
+            "max_iter": max_iter,
+            "max_eval": max_eval,
+            "tolerance_grad": tolerance_grad,
+            "tolerance_change": tolerance_change,
+            "history_size": history_size,
+            "line_search_fn": line_search_fn,
+        }
+        super().__init__(params, defaults)
+        if len(self.param_groups) != 1:
+            raise ValueError("LBFGS doesn't support per-parameter options (parameter groups)")
+        self._params = self.param_groups[0]["params"]
+        self._numel_cache: int | None = None
+
+    def _numel(self) -> int:
+        if self._numel_cache is None:
+            self._numel_cache = sum(2 * p.numel() if torch.is_complex(p) else p.numel() for p in self._params)
+        return self._numel_cache
+
+    def _gather_flat_grad(self) -> Tensor:
+        return _flat_grad([p.grad for p in self._params], self._params)
+
+    def _add_grad(self, step_size: Any, update: Tensor) -> None:
+        for p, piece in zip(self._params, _slices(update, self._params)):
+            (torch.view_as_real(p) if torch.is_complex(p) else p).add_(piece, alpha=step_size)
+
+    def _clone_param(self) -> list[Tensor]:
+        return [p.clone(memory_format=torch.contiguous_format) for p in self._params]
+
+    def _set_param(self, params_data: list[Tensor]) -> None:
+        for p, pdata in zip(self._params, params_data, strict=True):
+            p.copy_(pdata)
+
+    def _directional_evaluate(
+        self, closure: Callable[[], Any], x: list[Tensor], t: Any, d: Tensor
+    ) -> tuple[float, Tensor]:
+        self._add_grad(t, d)
+        loss = float(closure())
+        flat_grad = self._gather_flat_grad()
+        self._set_param(x)
+        return loss, flat_grad
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any]) -> Any:  # type: ignore[override]
+        """Perform a single optimization step (up to ``max_iter`` iterations).
+
+        Args:
+            closure: a closure that reevaluates the model and returns the loss.
+        """
+        if len(self.param_groups) != 1:
+            raise AssertionError(f"Expected exactly one param_group, but got {len(self.param_groups)}")
+        closure = torch.enable_grad()(closure)  # the closure always runs with grad enabled
+        group = self.param_groups[0]
+        # LBFGS's state is global, kept with the first param (load_state_dict casts it there)
+        state = self.state[self._params[0]]
+        state.setdefault("func_evals", 0)
+        state.setdefault("n_iter", 0)
+        orig_loss = closure()
+        entries = {
+            k: state.get(k)
+            for k in ("func_evals", "n_iter", "d", "t", "H_diag", "prev_flat_grad", "prev_loss")
+        }
+        st = _Step(**entries, hist=_Lists(state, group["history_size"]))
+        try:
+            went_on = _run(
+                _Eager,
+                _Closure(self, closure),
+                st,
+                float(orig_loss),
+                self._gather_flat_grad(),
+                **{**group, "lr": _to_scalar(group["lr"])},
+            )
+        finally:  # torch counts as it goes, also where a closure raises
+            state["func_evals"], state["n_iter"] = st.func_evals, st.n_iter
+        if went_on:
+            state["d"], state["t"] = st.d, st.t
+            state["old_dirs"], state["old_stps"], state["ro"] = st.hist.dirs, st.hist.stps, st.hist.ro
+            state["H_diag"], state["prev_flat_grad"], state["prev_loss"] = (
+                st.H_diag,
+                st.prev_flat_grad,
+                st.prev_loss,
+            )
+        return orig_loss
+
+
+# -- the functional transformation ------------------------------------------------------
+
+
+class LBFGSState(NamedTuple):
+    """torch's LBFGS state as tensors of a fixed structure: counters (``func_evals``,
+    ``n_iter``; 0-d int64), the last direction ``d`` and gradient ``prev_flat_grad``
+    (flat vectors of all params, complex ones as pairs of reals), the last step length
+    ``t`` and loss ``prev_loss`` (0-d float64), ``H_diag``, and the history in buffers
+    of ``history_size`` rows, oldest first: ``old_dirs``, ``old_stps`` (gradient
+    changes and steps), ``ro`` and ``al``, of which the first ``num_old`` are in use
+    (torch's lists, and their length)."""
+
+    func_evals: Tensor
+    n_iter: Tensor
+    d: Tensor
+    t: Tensor
+    old_dirs: Tensor
+    old_stps: Tensor
+    ro: Tensor
+    H_diag: Tensor
+    prev_flat_grad: Tensor
+    prev_loss: Tensor
+    al: Tensor
+    num_old: Tensor
+
+
+torch.serialization.add_safe_globals([LBFGSState])
+
+
+def lbfgs(
+    lr: float | Tensor = 1,
+    max_iter: int = 20,
+    max_eval: int | None = None,
+    tolerance_grad: float | Tensor = 1e-7,
+    tolerance_change: float | Tensor = 1e-9,
+    history_size: int = 100,
+    line_search_fn: str | None = None,
+) -> GradientTransformation:
+    """L-BFGS as a pure transformation, with ``torch.optim.LBFGS``'s arguments: one
+    ``update`` is one ``torch.optim.LBFGS.step`` (up to `max_iter` iterations, the line
+    search included).
+
+    Args:
+        lr: learning rate (the initial step length of each line search).
+        max_iter: iterations per update (an int).
+        max_eval: evaluations of the objective per update (default ``max_iter * 5 // 4``).
+        tolerance_grad: stop where the largest gradient entry is this small.
+        tolerance_change: stop where the loss or the params change less.
+        history_size: the number of past steps the Hessian approximation keeps (the
+            state's buffers have this many rows).
+        line_search_fn: ``"strong_wolfe"``, or None for fixed steps of length ``lr``.
+
+    ``update(grads, state, params, value_fn=..., value=None)`` needs the params and the
+    objective: ``value_fn(params)`` returns the loss (a 0-d tensor) of params of the
+    structure given, and the update evaluates it, with its gradient
+    (``torch.func.grad_and_value``), at the points it tries. `grads` are the gradients
+    at `params` (None for a param without one: zeros, as torch), `value` the loss
+    there (evaluated if not given). The updates take the params to where the step ends.
+
+    In plain eager mode the update decides as torch does, evaluation for evaluation.
+    Under ``torch.func`` transforms and ``torch.compile`` it can read no value, so it
+    runs every loop to its bound: `max_iter` iterations of at most ``max_eval - 1``
+    line-search evaluations each (with the line search), those past torch's stopping
+    point masked out. That gives torch's result (up to rounding: scalars are tensors
+    there, the loss in float64) at the cost of the evaluations torch would skip, and
+    makes a batch (``vmap``) of problems, or a differentiable fit (``grad``), possible.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> A, b = torch.tensor([[3.0, 1.0], [1.0, 2.0]]), torch.tensor([1.0, -1.0])
+        >>> def value_fn(params):  # a least-squares problem
+        ...     return 0.5 * (A @ params["x"] - b).pow(2).sum()
+        >>> params = {"x": torch.zeros(2)}
+        >>> tx = fo.lbfgs(line_search_fn="strong_wolfe")
+        >>> state = tx.init(params)
+        >>> grads = torch.func.grad(value_fn)(params)
+        >>> updates, state = tx.update(grads, state, params, value_fn=value_fn)
+        >>> fo.apply_updates(params, updates)["x"], int(state.func_evals)
+        (tensor([ 0.6000, -0.8000]), 4)
+    """
+    # torch's checks at construction (of lr only: the others are used as they are)
+    if isinstance(lr, Tensor) and lr.numel() != 1:
+        raise ValueError("Tensor lr must be 1-element")
+    _LR.check({"lr": lr}, tensors=False)
+    if isinstance(lr, Tensor):
+        lr = lr.reshape(())
+    if max_eval is None:
+        max_eval = max_iter * 5 // 4
+    hyperparams: dict[str, Any] = {
+        "lr": lr,
+        "max_iter": max_iter,
+        "max_eval": max_eval,
+        "tolerance_grad": tolerance_grad,
+        "tolerance_change": tolerance_change,
+        "history_size": history_size,
+        "line_search_fn": line_search_fn,
+    }
+
+    def init(params: Params) -> LBFGSState:
+        (leaves,), _ = flatten_together(params)
+        for i, p in enumerate(leaves):
+            if p is not None:
+                check_param("LBFGS", i, p)
+        leaves = [p for p in leaves if p is not None]
+        if isinstance(history_size, bool) or not isinstance(history_size, int) or history_size < 1:
+            raise ValueError(
+                f"lbfgs: history_size must be an int of at least 1 (the rows of the state's buffers); "
+                f"got {history_size!r}"
+            )
+        flat = _flat_grad([None] * len(leaves), leaves)
+        # tensors of their own (no two entries one tensor: torch.compile would guard on it)
+        count = lambda: torch.zeros((), dtype=torch.int64, device=flat.device)  # noqa: E731
+        number = lambda: torch.zeros((), dtype=torch.float64, device=flat.device)  # noqa: E731
+        return LBFGSState(
+            func_evals=count(),
+            n_iter=count(),
+            d=torch.zeros_like(flat),
+            t=number(),
+            old_dirs=flat.new_zeros((history_size, flat.numel())),
+            old_stps=flat.new_zeros((history_size, flat.numel())),
+            ro=flat.new_zeros(history_size),
+            H_diag=flat.new_ones(()),
+            prev_flat_grad=torch.zeros_like(flat),
+            prev_loss=number(),
+            al=flat.new_zeros(history_size),
+            num_old=count(),
+        )
+
+    def update(
+        updates: Params, state: LBFGSState, params: Params | None = None, **extra_args: Any
+    ) -> tuple[Params, LBFGSState]:
+        grads = updates  # the gradients at the params
+        value_fn: Callable[[Params], Tensor] | None = extra_args.get("value_fn")
+        value = extra_args.get("value")  # the loss at the params, where the caller has it
+        if value_fn is None or params is None:
+            raise ValueError(
+                "lbfgs update needs the params and the objective: "
+                "update(grads, state, params, value_fn=lambda params: loss) (it evaluates the loss "
+                "and its gradient at the points it tries)"
+            )
+        if not isinstance(state, LBFGSState):
+            raise TypeError(f"LBFGS update: state must be an LBFGSState (from init); got {a_kind(state)}")
+        (p_all, g_all), rebuild = flatten_together(
+            params, grads, names=("LBFGS update: params", "grads"), hint="Pass the gradients of these params."
+        )
+        present = [i for i, p in enumerate(p_all) if p is not None]  # None: no param there
+        p_leaves, g_leaves = [p_all[i] for i in present], [g_all[i] for i in present]
+        for i, g in zip(present, g_leaves):
+            if g is not None and not isinstance(g, Tensor):
+                raise TypeError(
+                    f"LBFGS update: the gradient of leaf {i} is {a_kind(g)}; grads must be a pytree of "
+                    "tensors (None for a param without one)"
+                )
+        flat_grad = _flat_grad(g_leaves, p_leaves)
+        if flat_grad.shape != state.d.shape:
+            raise ValueError(
+                f"LBFGS update: the params have {flat_grad.numel()} real entries, the state "
+                f"{state.d.numel()}: pass a state that init made from these params"
+            )
+        S: Any = _Traced if tracing() else _Eager
+        if S is _Traced:
+            for name in ("max_iter", "max_eval"):
+                bound = hyperparams[name]
+                if isinstance(bound, bool) or not isinstance(bound, int):
+                    raise TypeError(
+                        f"LBFGS update: under torch.func transforms and torch.compile, {name} must be an "
+                        f"int (the update runs that many rounds); got {bound!r}"
+                    )
+
+        def put_back(leaves: list[Any]) -> Any:
+            full: list[Any] = [None] * len(p_all)
+            for i, leaf in zip(present, leaves):
+                full[i] = leaf
+            return rebuild(full)
+
+        point = _Position(S, p_leaves, put_back, value_fn)
+        loss = value_fn(params) if value is None else value
+        if S is _Eager:
+            st = _eager_entries(state)
+        else:
+            hist = _Buffers(state.old_dirs, state.old_stps, state.ro, state.al, state.num_old)
+            st = _Step(**{k: getattr(state, k) for k in _ENTRIES}, hist=hist)
+        _run(S, point, st, S.number(loss), flat_grad, **hyperparams)
+        # every param moves (along the direction, which mixes in what the history holds)
+        return put_back([new - p for p, new in zip(p_leaves, point.params)]), _state_from(st, state)
+
+    return GradientTransformation(init, update)
+
+
+_ENTRIES = ("func_evals", "n_iter", "d", "t", "H_diag", "prev_flat_grad", "prev_loss")
+
+
+def _eager_entries(state: LBFGSState) -> _Step:
+    """A functional state as torch's entries: Python counters, lists of history rows."""
+    num_old = int(state.num_old)
+    entries: dict[str, Any] = {
+        "old_dirs": list(state.old_dirs[:num_old].unbind(0)),
+        "old_stps": list(state.old_stps[:num_old].unbind(0)),
+        "ro": list(state.ro[:num_old].unbind(0)),
+        "al": list(state.al.unbind(0)),
+    }
+    values = {k: getattr(state, k) for k in _ENTRIES}
+    values.update(func_evals=int(state.func_evals), n_iter=int(state.n_iter))
+    return _Step(**values, hist=_Lists(entries, state.al.shape[0]))
+
+
+def _state_from(st: _Step, old: LBFGSState) -> LBFGSState:
+    """A functional state of `old`'s structure and dtypes from what a step left."""
+    hist = st.hist
+
+    def like(value: Any, template: Tensor) -> Tensor:
+        return torch.as_tensor(value, dtype=template.dtype, device=template.device).expand_as(template)
+
+    if isinstance(hist, _Lists):
+        size, n = old.old_dirs.shape
+        count = len(hist.dirs)
+
+        def rows(values: list[Tensor], template: Tensor) -> Tensor:
+            if not values:
+                return torch.zeros_like(template)
+            stacked = torch.stack([like(v, template[0]) for v in values])
+            return torch.cat([stacked, template.new_zeros((size - count, *template.shape[1:]))])
+
+        dirs, stps, ro = rows(hist.dirs, old.old_dirs), rows(hist.stps, old.old_stps), rows(hist.ro, old.ro)
+        al = torch.stack([old.al[i] if a is None else like(a, old.al[i]) for i, a in enumerate(hist.al)])
+        num_old: Any = count
+    else:
+        dirs, stps, ro, num_old = hist.dirs, hist.stps, hist.ro, hist.count
+        al = torch.stack([like(a, old.al[0]) for a in hist.al])
+    return LBFGSState(
+        func_evals=like(st.func_evals, old.func_evals),
+        n_iter=like(st.n_iter, old.n_iter),
+        d=like(st.d, old.d),
+        t=like(st.t, old.t),
+        old_dirs=like(dirs, old.old_dirs),
+        old_stps=like(stps, old.old_stps),
+        ro=like(ro, old.ro),
+        H_diag=like(st.H_diag, old.H_diag),
+        prev_flat_grad=like(st.prev_flat_grad, old.prev_flat_grad),
+        prev_loss=like(st.prev_loss, old.prev_loss),
+        al=al,
+        num_old=like(num_old, old.num_old),
+    )
