@@ -20,6 +20,7 @@ from helpers import (
     make,
     run,
     set_default_dtype,
+    skip_unless_steps_on_gradients,
     torch_cls,
 )
 
@@ -40,6 +41,7 @@ def params_and_grads(dtype=torch.float32, seed=0):
 def test_inputs_are_never_mutated(name, path, monkeypatch):
     """Pure ops, or the eager paths that compute in place in fresh memory: on flat
     segments (made tiny here), or with `ForEach` ops on groups (the GPUs' path)."""
+    skip_unless_steps_on_gradients(name)
     if path == "segments":
         monkeypatch.setattr(inplace, "SMALL", 4)
         monkeypatch.setattr(inplace, "SEGMENT", 5)
@@ -65,6 +67,7 @@ def test_inputs_are_never_mutated(name, path, monkeypatch):
 def test_update_without_params(name, path, monkeypatch):
     """Without weight decay the params are optional: ``update(grads, state)`` takes the
     same eager paths (the math never reads them) and gives the same result, bit for bit."""
+    skip_unless_steps_on_gradients(name)
     if path == "segments":  # blocks of fresh memory for the 4x3 leaf, foreach ops for the other
         monkeypatch.setattr(inplace, "SMALL", 4)
         monkeypatch.setattr(inplace, "SEGMENT", 5)
@@ -91,6 +94,7 @@ def test_update_without_params(name, path, monkeypatch):
 def test_tensor_hyperparameters_equal_floats(name, tensor_dtype):
     """0-d tensor hyperparameters give the float result, and never promote: a float32
     param with float64 hyperparameters keeps float32 updates and state."""
+    skip_unless_steps_on_gradients(name)
     params, grads = params_and_grads()
     tensors = as_tensors(kwargs_of(HYPER[name]), tensor_dtype)
     expected, expected_state = run(make(name), params, grads)
@@ -104,6 +108,7 @@ def test_counters_are_float64_for_float64_params(name):
     """init shares one counter per dtype: torch's float32 for float32, bfloat16 and
     complex64 params, float64 for float64 and complex128 ones. Each leaf then steps as
     it would alone, float64 leaves with float64 counters."""
+    skip_unless_steps_on_gradients(name)
     g = torch.Generator().manual_seed(0)
     dtypes = {
         "a": torch.float32,
@@ -134,6 +139,7 @@ def test_counters_are_float64_for_float64_params(name):
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_counter_dtype_does_not_promote(name):
     """A float64 step counter (default dtype float64 at init) does not promote float32."""
+    skip_unless_steps_on_gradients(name)
     params, grads = params_and_grads()
     with set_default_dtype(torch.float64):
         state = factory(name)().init(params)
@@ -164,6 +170,7 @@ def nested_params_and_grads():
 def test_any_pytree_and_state_mirrors_params(name):
     """dicts, lists, nested tuples and NamedTuples; each state field mirrors the params,
     so the buffer of a param is found by the param's own path."""
+    skip_unless_steps_on_gradients(name)
     params, grads = nested_params_and_grads()
     tx = factory(name)(weight_decay=0.1)
     state = tx.init(params)
@@ -185,6 +192,7 @@ def test_compiled_update_keeps_any_pytree(name):
     """Under torch.compile the pytrees are taken apart and rebuilt another way (with
     optree.tree_map, which Dynamo runs natively): the same structures, None leaves
     included, and the eager values, for an algorithm and for a chain with clipping."""
+    skip_unless_steps_on_gradients(name)
     import torch._dynamo
 
     params, grads = nested_params_and_grads()
@@ -208,6 +216,7 @@ def test_compiled_update_keeps_any_pytree(name):
 def test_saved_state_loads_with_weights_only(name):
     """A state saved with torch.save loads with torch.load's default (weights_only=True),
     a chain's too, and steps as the original does."""
+    skip_unless_steps_on_gradients(name)
     import io
 
     params, grads = params_and_grads()
@@ -236,6 +245,7 @@ def test_transformations_pickle(name):
     """Every transformation pickles (a chain, a clip, masked and partition too, with a
     mask that pickles), so torch.save of an `fo.Optimizer` works; the copy steps as the
     original does."""
+    skip_unless_steps_on_gradients(name)
     import pickle
 
     params, grads = params_and_grads()
@@ -270,6 +280,7 @@ def test_state_with_separate_counters(name):
     one per leaf. Its next update gives the same results, and its leaves share their
     new counters again, so that later updates compute the schedule once and step small
     tensors in groups."""
+    skip_unless_steps_on_gradients(name)
     params, grads = params_and_grads()
     tx = make(name)
     _, state = run(tx, params, grads[:2])
@@ -286,6 +297,7 @@ def test_state_with_separate_counters(name):
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_none_gradient_skips_the_leaf(name):
     """A None gradient: its update is None and its state, counters included, is kept."""
+    skip_unless_steps_on_gradients(name)
     params, grads = params_and_grads()
     tx = factory(name)()
     _, state = tx.update(grads[0], tx.init(params), params)
@@ -302,6 +314,7 @@ def test_meta_device_params_give_the_shapes_of_a_real_step(name):
     """Params on the meta device (a model built without memory, to plan it) step like
     real ones, with no value read: updates, params and state of the same shapes,
     dtypes and structure, on the meta device."""
+    skip_unless_steps_on_gradients(name)
     params, grads = params_and_grads()
     tx = make(name)
     real = run(tx, params, grads[:2])
@@ -313,6 +326,7 @@ def test_meta_device_params_give_the_shapes_of_a_real_step(name):
 
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_bfloat16(name):
+    skip_unless_steps_on_gradients(name)
     params, grads = params_and_grads(torch.bfloat16)
     new, state = run(make(name), params, grads)
     assert all(p.dtype == torch.bfloat16 for p in new.values())
@@ -404,6 +418,7 @@ def train(opt, model, steps, scheduler=None, clip=None):
 
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_optimizer_with_a_factory_equals_torch(name):
+    skip_unless_steps_on_gradients(name)
     torch.manual_seed(0)
     a, b = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
     b.load_state_dict(a.state_dict())
