@@ -19,6 +19,7 @@ from ._src import wrappers as _wrappers
 from ._src.adadelta import Adadelta, AdadeltaState, adadelta
 from ._src.adafactor import Adafactor, AdafactorState, adafactor
 from ._src.adagrad import Adagrad, AdagradState, adagrad
+from ._src.adam import Adam, AdamState, AdamW, AdamWState, adam, adamw
 from ._src.adamax import Adamax, AdamaxState, adamax
 from ._src.adapter import Optimizer
 from ._src.asgd import ASGD, ASGDState, asgd
@@ -38,6 +39,7 @@ from ._src.masking import MaskedState, masked, partition
 from ._src.meta import inner_loop
 from ._src.muon import Muon, MuonState, muon
 from ._src.nadam import NAdam, NAdamState, nadam
+from ._src.radam import RAdam, RAdamState, radam
 from ._src.rmsprop import RMSprop, RMSpropState, rmsprop
 from ._src.rprop import Rprop, RpropState, rprop
 from ._src.schedules import *  # noqa: F403  (each module lists its names in its __all__)
@@ -57,6 +59,10 @@ __all__ = [
     "AdafactorState",
     "Adagrad",
     "AdagradState",
+    "Adam",
+    "AdamState",
+    "AdamW",
+    "AdamWState",
     "Adamax",
     "AdamaxState",
     "EmptyState",
@@ -71,6 +77,8 @@ __all__ = [
     "NAdamState",
     "Optimizer",
     "Params",
+    "RAdam",
+    "RAdamState",
     "RMSprop",
     "RMSpropState",
     "Rprop",
@@ -84,7 +92,9 @@ __all__ = [
     "adadelta",
     "adafactor",
     "adagrad",
+    "adam",
     "adamax",
+    "adamw",
     "apply_updates",
     "asgd",
     "chain",
@@ -95,6 +105,7 @@ __all__ = [
     "muon",
     "nadam",
     "partition",
+    "radam",
     "rmsprop",
     "rprop",
     "sgd",

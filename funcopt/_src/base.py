@@ -187,13 +187,16 @@ def untraced(hyperparams: dict[str, Any], *leaf_lists: Sequence[Any]) -> bool:
     for value in hyperparams.values():
         if any(isinstance(v, Tensor) for v in (value if isinstance(value, tuple) else (value,))):
             return False
-    return all(t is None or type(t) in _PLAIN for leaves in leaf_lists for t in leaves)
+    # None: a leaf without a param or gradient; MaskedNode: a buffer absent from the state
+    return all(
+        t is None or type(t) in _PLAIN or type(t) is MaskedNode for leaves in leaf_lists for t in leaves
+    )
 
 
 def records(*leaf_lists: Sequence[Any]) -> bool:
     """Whether autograd records an op on these leaves."""
     return torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for leaves in leaf_lists for t in leaves
+        isinstance(t, Tensor) and t.requires_grad for leaves in leaf_lists for t in leaves
     )
 
 

@@ -135,6 +135,7 @@ class InPlace:
     mul_ = staticmethod(Tensor.mul_)
     div_ = staticmethod(Tensor.div_)
     sqrt_ = staticmethod(Tensor.sqrt_)
+    reciprocal_ = staticmethod(Tensor.reciprocal_)
     lerp_ = staticmethod(Tensor.lerp_)
     addcmul_ = staticmethod(Tensor.addcmul_)
     where = staticmethod(torch.where)
@@ -243,6 +244,7 @@ class ForEach:
     mul_ = staticmethod(_foreach_(torch._foreach_mul_))
     div_ = staticmethod(_foreach_(torch._foreach_div_))
     sqrt_ = staticmethod(_foreach_(torch._foreach_sqrt_))
+    reciprocal_ = staticmethod(_foreach_(torch._foreach_reciprocal_))
     lerp_ = staticmethod(_foreach_(torch._foreach_lerp_))
     addcmul_ = staticmethod(_foreach_(torch._foreach_addcmul_))
     addcdiv_ = staticmethod(_foreach_(torch._foreach_addcdiv_))
@@ -289,6 +291,7 @@ class PureForEach:
     abs = staticmethod(_foreach(torch._foreach_abs))
     sqrt = sqrt_ = staticmethod(_foreach(torch._foreach_sqrt))
     div = div_ = staticmethod(_foreach(torch._foreach_div))
+    reciprocal_ = staticmethod(_foreach(torch._foreach_reciprocal))
     mul_ = staticmethod(_foreach(torch._foreach_mul))
     lerp_ = staticmethod(_foreach(torch._foreach_lerp))
     addcmul_ = staticmethod(_foreach(torch._foreach_addcmul))
@@ -398,6 +401,7 @@ class Pure:
     abs = staticmethod(torch.abs)
     sqrt = staticmethod(torch.sqrt)
     sqrt_ = staticmethod(torch.sqrt)
+    reciprocal_ = staticmethod(torch.reciprocal)
     maximum_ = staticmethod(torch.maximum)
     clone = staticmethod(torch.clone)
 
@@ -465,9 +469,10 @@ class Pure:
     def addcdiv_(x: Tensor | None, a: Tensor, b: Tensor, value: Coef = 1) -> Tensor:
         """``x + value * a / b``, rounded as ``torch.addcdiv`` rounds it: ``(value * a) / b``
         (torch's kernel multiplies first), so that an update added to its param equals
-        torch's ``param.addcdiv_`` bit for bit."""
+        torch's ``param.addcdiv_`` bit for bit. In the ops of `PureForEach.addcdiv_`, not
+        ``torch.addcdiv`` (the same values), whose backward rounds otherwise
+        (``grad * (value / b)``): a leaf's gradients are then the same stepped alone or in
+        a group (AdamW's addcdiv after its decay)."""
         if x is None:
             return _scale(a, value) / b
-        if isinstance(value, Tensor):
-            return x + _scale(a, value) / b
-        return torch.addcdiv(x, a, b, value=value)
+        return x + _scale(a, value) / b

@@ -1,0 +1,399 @@
+"""Adam (Kingma and Ba, 2014) and AdamW (Loshchilov and Hutter, 2017), as
+``torch.optim.Adam`` and ``torch.optim.AdamW``.
+
+.. math::
+   m_t = \\beta_1 m_{t-1} + (1 - \\beta_1) g_t, \\quad
+   v_t = \\beta_2 v_{t-1} + (1 - \\beta_2) g_t^2, \\quad
+   \\theta_t = \\theta_{t-1} - \\frac{\\gamma}{1 - \\beta_1^t}\\,
+   \\frac{m_t}{\\sqrt{v_t} / \\sqrt{1 - \\beta_2^t} + \\epsilon}
+
+AdamW is the same math with decoupled weight decay (the params are multiplied by
+``1 - lr * weight_decay`` before the step), as torch 2.13's ``AdamW`` is ``Adam`` with
+``decoupled_weight_decay=True``. With ``amsgrad`` the denominator uses the running
+maximum of :math:`v_t`, torch's ``max_exp_avg_sq`` (absent without amsgrad).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+from torch.optim.optimizer import ParamsT, _to_scalar
+
+from .adapter import Optimizer
+from .algorithm import Algorithm, Bound, Hyperparams
+from .base import GradientTransformation, Params
+from .ops import Coef, Ops, nonzero, power
+
+
+class AdamState(NamedTuple):
+    """Per-param state (each field mirrors the params pytree), with torch's keys;
+    ``max_exp_avg_sq`` is an empty node without ``amsgrad``, where torch has no such key."""
+
+    step: Params
+    exp_avg: Params
+    exp_avg_sq: Params
+    max_exp_avg_sq: Params
+
+
+class AdamWState(NamedTuple):
+    """AdamW's per-param state: `AdamState`'s fields (torch's keys)."""
+
+    step: Params
+    exp_avg: Params
+    exp_avg_sq: Params
+    max_exp_avg_sq: Params
+
+
+def _initial(*, amsgrad: bool = False, **_: Any) -> tuple[Any, ...]:
+    return (0.0, 0.0, 0.0, 0.0 if amsgrad else None)  # step, exp_avg, exp_avg_sq, max_exp_avg_sq
+
+
+def _schedule(
+    step: Coef,
+    *,
+    lr: Coef,
+    betas: tuple[Coef, Coef],
+    weight_decay: Coef,
+    counter_dtypes: tuple[Any],
+    step_in_tensor: bool = False,
+    **_: Any,
+) -> tuple[tuple[Coef], tuple[Coef, Coef, Coef, Coef]]:
+    beta1, beta2 = betas
+    step = step + 1
+    if step_in_tensor and counter_dtypes[0] is not None:
+        # torch's differentiable (and capturable) step computes from the step tensor, in
+        # its dtype (float32 by default, also for float64 params): see `Adam`
+        t = torch.tensor(step, dtype=counter_dtypes[0])
+        bias_correction1 = 1 - beta1**t
+        bias_correction2 = 1 - beta2**t
+        bias_correction2_sqrt = bias_correction2.sqrt()
+    else:  # torch's default step, in its operations (Python doubles for a float step)
+        bias_correction1 = 1 - power(beta1, step)
+        bias_correction2 = 1 - power(beta2, step)
+        bias_correction2_sqrt = bias_correction2**0.5
+    step_size = lr / bias_correction1
+    decay = 1 - lr * weight_decay  # for decoupled weight decay
+    return (step,), (-step_size, bias_correction2_sqrt, bias_correction2, decay)
+
+
+def _complement(beta: Coef, like: Any) -> Coef:
+    """``1 - beta`` with `beta` rounded to the dtype of `like` (a tensor, or a list of
+    them) first, as torch's Adam computes the weight of its lerp from a tensor beta1."""
+    dtype = (like[0] if isinstance(like, list) else like).dtype
+    if isinstance(beta, Tensor):
+        return 1 - beta.to(dtype)
+    return 1 - torch.tensor(beta, dtype=dtype).item()
+
+
+def _elementwise(
+    o: Ops,
+    out: Tensor | None,
+    p: Tensor,
+    g: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    max_exp_avg_sq: Tensor | None,
+    coefficients: tuple[Coef, Coef, Coef, Coef],
+    *,
+    betas: tuple[Coef, Coef],
+    eps: Coef,
+    weight_decay: Coef,
+    amsgrad: bool,
+    maximize: bool,
+    decoupled_weight_decay: bool,
+    eps_root: Coef = 0.0,
+    beta1_in_param_dtype: bool = False,
+    **_: Any,
+) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor | None]]:
+    neg_step_size, bias_correction2_sqrt, bias_correction2, decay = coefficients
+    beta1, beta2 = betas
+    if maximize:
+        g = o.neg(g)
+    if nonzero(weight_decay):
+        if decoupled_weight_decay:
+            out = o.decay_(out, p, decay)
+        else:
+            g = o.add(g, p, alpha=weight_decay)
+    exp_avg = o.lerp_(exp_avg, g, _complement(beta1, g) if beta1_in_param_dtype else 1 - beta1)
+    exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), g, g, value=1 - beta2)
+    second = exp_avg_sq
+    if amsgrad:
+        if max_exp_avg_sq is None:
+            raise KeyError(
+                "amsgrad=True reads the state's max_exp_avg_sq, which a state made "
+                "without amsgrad lacks: make the state with amsgrad=True"
+            )
+        second = max_exp_avg_sq = o.maximum_(max_exp_avg_sq, exp_avg_sq)
+    if nonzero(eps_root):
+        denom = o.add_(o.sqrt_(o.add_(o.div(second, bias_correction2), eps_root)), eps)
+    else:
+        denom = o.add_(o.div_(o.sqrt(second), bias_correction2_sqrt), eps)
+    out = o.addcdiv_(out, exp_avg, denom, value=neg_step_size)
+    return out, (exp_avg, exp_avg_sq, max_exp_avg_sq)
+
+
+_BOUNDS = (
+    Bound("lr", "Invalid learning rate: {}"),
+    Bound("eps", "Invalid epsilon value: {}"),
+    Bound("betas", "Invalid beta parameter at index 0: {}", 0, high=1.0, inclusive=False),
+    Bound("betas", "Invalid beta parameter at index 1: {}", 1, high=1.0, inclusive=False),
+    Bound("weight_decay", "Invalid weight_decay value: {}"),
+    Bound("eps_root", "Invalid eps_root value: {}"),
+)
+ADAM = Algorithm(
+    name="Adam",
+    state=AdamState,
+    counters=("step",),
+    initial=_initial,
+    schedule=_schedule,
+    elementwise=_elementwise,
+    bounds=_BOUNDS,
+    initial_from_group=True,  # torch reads a group's amsgrad
+)
+# the same math, named AdamW in its state and its messages
+ADAMW = Algorithm(
+    name="AdamW",
+    state=AdamWState,
+    counters=("step",),
+    initial=_initial,
+    schedule=_schedule,
+    elementwise=_elementwise,
+    bounds=_BOUNDS,
+    initial_from_group=True,  # torch reads a group's amsgrad
+)
+
+
+def adam(
+    lr: float | Tensor = 1e-3,
+    betas: tuple[float | Tensor, float | Tensor] | Tensor = (0.9, 0.999),
+    eps: float | Tensor = 1e-8,
+    weight_decay: float | Tensor = 0.0,
+    amsgrad: bool = False,
+    *,
+    maximize: bool = False,
+    decoupled_weight_decay: bool = False,
+    eps_root: float | Tensor = 0.0,
+) -> GradientTransformation:
+    """Adam as a pure transformation, with ``torch.optim.Adam``'s arguments and defaults.
+
+    Args:
+        lr: learning rate.
+        betas: decay rates of the first and second moment averages, or one tensor of the two.
+        eps: added to the denominator, after the square root.
+        weight_decay: L2 penalty added to the gradient (or decoupled decay, see below).
+        amsgrad: use the running maximum of the second moment (AMSGrad), kept in the
+            state's ``max_exp_avg_sq`` (an empty node without it).
+        maximize: maximize the objective instead of minimizing it.
+        decoupled_weight_decay: multiply the params by ``1 - lr * weight_decay`` instead
+            of adding ``weight_decay * param`` to the gradient (AdamW, see `adamw`).
+        eps_root: added inside the square root, ``sqrt(v / (1 - beta2**t) + eps_root)``
+            (funcopt only; 0 is torch's rule). The derivative of ``sqrt`` at 0 is
+            infinite, so a meta-gradient through a step whose gradient has an exact zero
+            is NaN; a tiny ``eps_root`` (say 1e-16) keeps it finite.
+
+    Hyperparameters may be 0-d tensors, to differentiate or ``vmap`` over them.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> params = {"w": torch.tensor([1.0, -2.0])}
+        >>> tx = fo.adam(lr=0.1)
+        >>> state = tx.init(params)
+        >>> updates, state = tx.update({"w": torch.tensor([0.5, -0.5])}, state, params)
+        >>> fo.apply_updates(params, updates)["w"], state.exp_avg["w"]
+        (tensor([ 0.9000, -1.9000]), tensor([ 0.0500, -0.0500]))
+    """
+    return ADAM.transform(
+        lr=lr,
+        betas=betas,
+        eps=eps,
+        weight_decay=weight_decay,
+        amsgrad=amsgrad,
+        maximize=maximize,
+        decoupled_weight_decay=decoupled_weight_decay,
+        eps_root=eps_root,
+    )
+
+
+def adamw(
+    lr: float | Tensor = 1e-3,
+    betas: tuple[float | Tensor, float | Tensor] | Tensor = (0.9, 0.999),
+    eps: float | Tensor = 1e-8,
+    weight_decay: float | Tensor = 1e-2,
+    amsgrad: bool = False,
+    *,
+    maximize: bool = False,
+    eps_root: float | Tensor = 0.0,
+) -> GradientTransformation:
+    """AdamW as a pure transformation, with ``torch.optim.AdamW``'s arguments and
+    defaults: `adam` with decoupled weight decay (the params are multiplied by
+    ``1 - lr * weight_decay`` at each step, before Adam's update).
+
+    Args:
+        lr: learning rate.
+        betas: decay rates of the first and second moment averages, or one tensor of the two.
+        eps: added to the denominator, after the square root.
+        weight_decay: the decoupled weight decay coefficient.
+        amsgrad: use the running maximum of the second moment (AMSGrad).
+        maximize: maximize the objective instead of minimizing it.
+        eps_root: added inside the square root (funcopt only; see `adam`).
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> params = {"w": torch.tensor([1.0, -2.0])}
+        >>> tx = fo.adamw(lr=0.1, weight_decay=0.5)
+        >>> state = tx.init(params)
+        >>> updates, state = tx.update({"w": torch.tensor([0.5, -0.5])}, state, params)
+        >>> fo.apply_updates(params, updates)["w"]
+        tensor([ 0.8500, -1.8000])
+    """
+    return ADAMW.transform(
+        lr=lr,
+        betas=betas,
+        eps=eps,
+        weight_decay=weight_decay,
+        amsgrad=amsgrad,
+        maximize=maximize,
+        decoupled_weight_decay=True,
+        eps_root=eps_root,
+    )
+
+
+def _check_betas(betas: Any, *, foreach: bool | None, capturable: bool) -> None:
+    """torch's checks of the betas that are not range checks, in its order."""
+    if not (
+        (isinstance(betas[0], float) and isinstance(betas[1], float))
+        or (isinstance(betas[0], Tensor) and isinstance(betas[1], Tensor))
+    ):
+        raise ValueError("betas must be either both floats or both Tensors")
+    for i, beta in enumerate(betas):
+        if isinstance(beta, Tensor):
+            if not capturable and foreach:
+                raise ValueError(
+                    f"betas[{i}] as a Tensor is not supported for capturable=False and foreach=True"
+                )
+            if beta.numel() != 1:
+                raise ValueError(f"Tensor betas[{i}] must be 1-element")
+
+
+_TENSOR_LR_FOREACH = "lr as a Tensor is not supported for capturable=False and foreach=True"
+
+
+class Adam(Optimizer):
+    """Drop-in ``torch.optim.Adam``: same arguments, state keys and ``state_dict``
+    format, running funcopt's `adam` math in place. ``fused=True`` is accepted where
+    torch accepts it: the state's ``step`` is then a float32 tensor on the param's
+    device, and a ``torch.amp.GradScaler`` hands the step its scale and inf flag, as
+    with torch's fused class; the math is torch's default step."""
+
+    _algorithm = ADAM
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float | Tensor = 1e-3,
+        betas: tuple[float | Tensor, float | Tensor] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0,
+        amsgrad: bool = False,
+        *,
+        foreach: bool | None = None,
+        maximize: bool = False,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+        decoupled_weight_decay: bool = False,
+    ) -> None:
+        if isinstance(lr, Tensor):
+            if foreach and not capturable:
+                raise ValueError(_TENSOR_LR_FOREACH)
+            if lr.numel() != 1:
+                raise ValueError("Tensor lr must be 1-element")
+        self._algorithm.check(
+            {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}, tensors=True
+        )
+        _check_betas(betas, foreach=foreach, capturable=capturable)
+        super().__init__(
+            params,
+            self._algorithm,
+            lr=lr,
+            betas=tuple(map(_to_scalar, betas)),
+            eps=eps,
+            weight_decay=weight_decay,
+            amsgrad=amsgrad,
+            maximize=maximize,
+            foreach=foreach,
+            capturable=capturable,
+            differentiable=differentiable,
+            fused=fused,
+            decoupled_weight_decay=decoupled_weight_decay,
+        )
+
+    def _group_hyperparams(self, group: dict[str, Any]) -> Hyperparams:
+        """A group's hyperparameters, with what torch's step does otherwise than the
+        functional update: for a differentiable or capturable step, the bias corrections
+        from the step tensor, rounded in its dtype (float32 unless that is not the default
+        dtype), where the default step computes them in Python doubles; and a tensor
+        beta1 rounded to each param's dtype before its ``1 - beta1``."""
+        hyperparams = super()._group_hyperparams(group)
+        if group.get("differentiable") or group.get("capturable"):
+            hyperparams["step_in_tensor"] = True
+        if isinstance(group["betas"][0], Tensor):
+            hyperparams["beta1_in_param_dtype"] = True
+        return hyperparams
+
+    def _init_group(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> bool:
+        """torch's checks of each step: no sparse gradients (with torch's message), and
+        no tensor lr with foreach and not capturable (a group added or changed later)."""
+        for p in group["params"]:
+            if p.grad is not None:
+                if p.grad.is_sparse:
+                    raise RuntimeError(
+                        "Adam does not support sparse gradients, please consider SparseAdam instead"
+                    )
+                if group.get("foreach") and isinstance(group["lr"], Tensor) and not group.get("capturable"):
+                    raise RuntimeError(_TENSOR_LR_FOREACH)
+        return super()._init_group(group, params, grads)
+
+
+class AdamW(Adam):
+    """Drop-in ``torch.optim.AdamW``: `Adam` with decoupled weight decay (and a default
+    ``weight_decay`` of 1e-2), as torch's; running funcopt's `adamw` math in place."""
+
+    _algorithm = ADAMW
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float | Tensor = 1e-3,
+        betas: tuple[float | Tensor, float | Tensor] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        amsgrad: bool = False,
+        *,
+        maximize: bool = False,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+    ) -> None:
+        super().__init__(
+            params,
+            lr,
+            betas,
+            eps,
+            weight_decay,
+            amsgrad,
+            foreach=foreach,
+            maximize=maximize,
+            capturable=capturable,
+            differentiable=differentiable,
+            fused=fused,
+            decoupled_weight_decay=True,
+        )
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        for group in self.param_groups:  # as torch's: a loaded Adam state_dict steps as AdamW
+            group["decoupled_weight_decay"] = True
