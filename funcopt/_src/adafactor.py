@@ -116,6 +116,14 @@ def _clamp_min(x: Tensor, low: Coef) -> Tensor:
     return torch.clamp(x, min=low)
 
 
+def _fits(t: Tensor | None, shape: tuple[int, ...] | None) -> bool:
+    """Whether a buffer is absent where `shape` is None, else of that shape (compared
+    size by size: the sizes may be symbolic, in a compiled step with dynamic shapes)."""
+    if t is None or shape is None:
+        return t is None and shape is None
+    return t.dim() == len(shape) and all(a == b for a, b in zip(t.shape, shape))
+
+
 def _check_buffers(
     g: Tensor, row_var: Tensor | None, col_var: Tensor | None, variance: Tensor | None
 ) -> None:
@@ -131,13 +139,14 @@ def _check_buffers(
     else:
         expected = {"row_var": None, "col_var": None, "variance": tuple(g.shape)}
     given = {"row_var": row_var, "col_var": col_var, "variance": variance}
-    shapes = {name: None if t is None else tuple(t.shape) for name, t in given.items()}
-    if shapes == expected:
+    if all(_fits(given[name], shape) for name, shape in expected.items()):
         return
+    shapes = {name: None if t is None else tuple(t.shape) for name, t in given.items()}
     show = lambda shapes: ", ".join(f"{k} {'none' if v is None else v}" for k, v in shapes.items())  # noqa: E731
     raise ValueError(
         f"Adafactor update: a gradient of shape {tuple(g.shape)} needs {show(expected)} "
-        f"but the state has {show(shapes)}: pass a state that init made from these params"
+        f"but the state has {show(shapes)}: pass a state that init made from these params (in a "
+        "torch optimizer, the param was replaced or resized: `del optimizer.state[param]` starts it afresh)"
     )
 
 
