@@ -187,13 +187,21 @@ class SparseAdam(Optimizer):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        # the base class turns counters saved as numbers into tensors: keep torch's numbers
+        # the base class turns counters saved as numbers into tensors, and gives a loaded
+        # group the flags it lacks: torch's SparseAdam does neither
         numbers = [
             (s, s["step"]) for s in state["state"].values() if "step" in s and not torch.is_tensor(s["step"])
         ]
+        keys = [set(group) for group in state["param_groups"]]
         super().__setstate__(state)
         for s, step in numbers:
             s["step"] = step
+        for group, loaded in zip(self.param_groups, keys):
+            for key in set(group) - loaded:
+                del group[key]
+
+    def _group_hyperparams(self, group: dict[str, Any]) -> dict[str, Any]:
+        return super()._group_hyperparams({"maximize": False, **group})  # torch's group.get
 
     def _step_group(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> None:
         if any(not g.is_sparse for g in grads):  # before any param changes
