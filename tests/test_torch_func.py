@@ -9,7 +9,15 @@ import warnings
 import optree
 import pytest
 import torch
-from helpers import ALGORITHMS, HYPER, assert_same, compiled_and_eager_steps, factory, make
+from helpers import (
+    ALGORITHMS,
+    HYPER,
+    assert_same,
+    compiled_and_eager_steps,
+    factory,
+    make,
+    skip_unless_steps_on_gradients,
+)
 from torch.func import grad, jvp, vjp, vmap
 
 import funcopt as fo
@@ -57,6 +65,7 @@ CASES = [(n, k) for n in ALGORITHMS for k in HYPER[n]]
 
 @pytest.mark.parametrize("name,key", CASES, ids=[f"{n}-{k}" for n, k in CASES])
 def test_hypergradient_matches_finite_differences(name, key):
+    skip_unless_steps_on_gradients(name)
     params, x, y = problem()
 
     def f(value):
@@ -76,6 +85,7 @@ def test_hypergradient_matches_finite_differences(name, key):
 def test_maml_gradient_wrt_initial_params(name):
     """Second order: the gradient of the post-adaptation loss w.r.t. the initial params,
     by torch.func.grad, torch.func.vjp and plain autograd, against finite differences."""
+    skip_unless_steps_on_gradients(name)
     params, x, y = problem()
     hp = HYPER[name]
 
@@ -105,6 +115,7 @@ def test_first_order_maml(name):
     outer loss's gradient at the adapted params, by torch.func.grad and by autograd. The
     learning rate stays differentiable: without weight decay (which reads the params)
     every update is linear in it, so d loss / d lr = grad . (adapted - params) / lr."""
+    skip_unless_steps_on_gradients(name)
     params, x, y = problem()
     hp = {k: v for k, v in HYPER[name].items() if k != "weight_decay"}
     lr = torch.tensor(hp.pop("lr"), dtype=F64)
@@ -134,6 +145,7 @@ def test_inner_loop_resumes_from_a_state(name):
     """inner_loop(state=...) continues a run: 2 steps, then 3 from the returned params
     and state, equal 5 steps at once (params, state, and the loss before each step), as
     the online-tuning recipe relies on."""
+    skip_unless_steps_on_gradients(name)
     params, x, y = problem()
     tx = make(name)
     whole, whole_state, whole_losses = fo.inner_loop(loss_fn, params, tx, [(x, y)] * 5)
@@ -178,6 +190,7 @@ def test_maml_vmap_over_tasks_equals_loop(name, first_order):
     """MAML as torch.func writes it: the inner loop vmapped over a batch of tasks (params
     shared, so the first update meets unbatched params and batched gradients), the
     meta-gradient through all of it; equal to a Python loop over the tasks."""
+    skip_unless_steps_on_gradients(name)
     params, _, _ = problem()
     g = torch.Generator().manual_seed(1)
     xs, ys = torch.randn(5, 16, 4, generator=g, dtype=F64), torch.randn(5, 16, 3, generator=g, dtype=F64)
@@ -208,6 +221,7 @@ def test_autograd_through_eager_steps_equals_torch_func(name, options):
     hyperparameters, a 0-d param among them): gradients of first, second and third
     order through them (the meta-gradient, then a Hessian-vector product of the loss
     after the steps) equal those through torch.func.grad and jvp."""
+    skip_unless_steps_on_gradients(name)
     params, x, y = problem()
     params["scale"] = torch.tensor(1.5, dtype=F64)
     hp = {**HYPER[name], **options}
@@ -235,6 +249,7 @@ def test_update_of_module_parameters_records_only_with_grad_enabled(name):
     reads them: the update records autograd history (the new state would carry it into
     the next step), and under torch.no_grad() it records none, with the same values as
     an update of detached params (concepts.md)."""
+    skip_unless_steps_on_gradients(name)
     model = torch.nn.Linear(4, 3)
     params = dict(model.named_parameters())
     tx = make(name)
@@ -260,6 +275,7 @@ def test_autograd_groups_small_tensors_like_one_by_one(name, monkeypatch):
     one shorter than its index in its group (where torch's backward of _foreach_addcdiv
     fails), and which results record (a frozen leaf's do not). Large tensors step one by
     one (torch's foreach ops save twice the memory)."""
+    skip_unless_steps_on_gradients(name)
     shapes = {"small": ((4, 3), F64), "c64": ((3,), torch.complex64), "f32": ((5,), torch.float32)}
     shapes |= {"scalar": ((), F64), "large": ((130, 130), F64), "one": ((1,), F64), "frozen": ((2,), F64)}
     init = {
@@ -308,6 +324,7 @@ def test_forward_ad_dual_tensors_equal_torch_func_jvp(name):
     """Forward-mode AD with torch.autograd.forward_ad's dual tensors through eager steps
     (small tensors, grouped in plain eager mode, and large ones, computed in fresh
     memory by out= ops; neither has a forward-mode formula) equals torch.func.jvp."""
+    skip_unless_steps_on_gradients(name)
     hp = {k: v for k, v in HYPER[name].items() if k != "initial_accumulator_value"}
     gen = torch.Generator().manual_seed(0)
     params = {
@@ -336,6 +353,7 @@ def test_gradcheck_through_steps(name):
     """torch.autograd.gradcheck on the final params as a function of the initial params
     and of every hyperparameter, all float64 under the default (float32) dtype: float64
     params get float64 counters, so NAdam's mu_product does not round to float32."""
+    skip_unless_steps_on_gradients(name)
     params, x, y = problem()
     keys = list(HYPER[name])
 
@@ -355,6 +373,7 @@ def test_forward_over_reverse_through_steps(name):
     implicit differentiation and Hessian-vector products need them: the Hessian of the
     post-adaptation loss in lr, and a Hessian-vector product in the initial params,
     against central differences of the gradient."""
+    skip_unless_steps_on_gradients(name)
     params, x, y = problem()
 
     def f(p, lr):
@@ -381,6 +400,7 @@ def test_forward_over_reverse_through_steps(name):
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_vmap_over_hyperparameters_equals_loop(name):
     """One vmapped run over N settings of several hyperparameters at once = N runs."""
+    skip_unless_steps_on_gradients(name)
     params, x, y = problem()
     keys = [k for k in HYPER[name] if k in ("lr", "weight_decay", "beta1", "rho", "lr_decay")]
     n = 5
@@ -424,6 +444,7 @@ def test_vmap_over_pairs_of_betas_in_one_tensor(name):
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_vmap_over_model_ensemble_equals_loop(name):
     """vmap over an ensemble of initializations (params and state batched)."""
+    skip_unless_steps_on_gradients(name)
     inits = [problem(seed)[0] for seed in range(4)]
     _, x, y = problem()
     stacked = {k: torch.stack([p[k] for p in inits]) for k in inits[0]}
@@ -445,6 +466,7 @@ def test_vmap_over_model_ensemble_equals_loop(name):
 def test_nested_vmap_over_learning_rates_and_ensemble_equals_loop(name):
     """A grid in one call: vmap over learning rates (in chunks) of vmap over an ensemble
     of initializations equals the double loop."""
+    skip_unless_steps_on_gradients(name)
     inits = [problem(seed)[0] for seed in range(3)]
     _, x, y = problem()
     stacked = {k: torch.stack([p[k] for p in inits]) for k in inits[0]}
@@ -464,6 +486,7 @@ def test_vmap_over_states_at_different_steps_equals_loop(name):
     """Batched step counters: one vmapped update of states that have taken 1, 2 and 3
     steps gives each its own schedule, as separate updates do. (A counter that a
     transform does not wrap is read in Python; a batched one must stay a tensor.)"""
+    skip_unless_steps_on_gradients(name)
     params, x, y = problem()
     tx = make(name, HYPER[name])
     states = [fo.inner_loop(loss_fn, params, tx, [(x, y)] * k)[1] for k in (1, 2, 3)]
@@ -479,6 +502,7 @@ def test_vmap_over_states_at_different_steps_equals_loop(name):
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_vmap_then_grad_hypergradients_per_setting(name):
     """vmap(grad(...)): one hypergradient per learning rate, in one call."""
+    skip_unless_steps_on_gradients(name)
     params, x, y = problem()
     lrs = torch.tensor([0.5, 1.0, 2.0], dtype=F64) * HYPER[name]["lr"]
 
@@ -494,6 +518,7 @@ def test_vmap_then_grad_hypergradients_per_setting(name):
 def test_compile_fullgraph_without_recompiles(name):
     """torch.compile(update, fullgraph=True): no graph break, no recompile across steps
     (counters live in tensors), same result as eager."""
+    skip_unless_steps_on_gradients(name)
     params, x, y = problem(dtype=torch.float32)
     grads_seq = [grad(loss_fn)(params, x * (1 + i / 4), y) for i in range(4)]
     (comp_p, comp_s), (eager_p, eager_s) = compiled_and_eager_steps(
@@ -507,6 +532,7 @@ def test_compile_fullgraph_without_recompiles(name):
 def test_compiled_update_with_a_skipped_param(name):
     """A None gradient skips its param, whose step counter then no longer shares the
     others': the second step compiles again (documented), later ones do not."""
+    skip_unless_steps_on_gradients(name)
     import torch._dynamo
 
     params, x, y = problem(dtype=torch.float32)
@@ -529,6 +555,7 @@ def test_compiled_update_with_a_skipped_param(name):
 def test_compiled_update_with_dynamic_shapes(name):
     """torch.compile(update, dynamic=True): one graph serves params of any size (a
     model grown or swapped between runs) and equals eager on each."""
+    skip_unless_steps_on_gradients(name)
     import torch._dynamo
 
     tx = make(name, HYPER[name])
@@ -551,6 +578,7 @@ def test_update_exports(name):
     """torch.export of a module that calls update (the state passed as its leaves, the
     shared step counter among them) gives a program that computes what eager does at
     every step: the schedule is traced from the counters, not baked in as constants."""
+    skip_unless_steps_on_gradients(name)
     params, x, y = problem(dtype=torch.float32)
     tx = make(name, HYPER[name])
     spec = optree.tree_structure((params, tx.init(params)))
@@ -579,6 +607,7 @@ def test_update_traces_with_make_fx_or_jit_trace(name, mode):
     into a graph that computes what eager does at later steps: the counters are not read
     in Python, which baked the first step's schedule in (make_fx's real mode and
     jit.trace), or failed (the others)."""
+    skip_unless_steps_on_gradients(name)
     from torch.fx.experimental.proxy_tensor import make_fx
 
     params, x, y = problem(dtype=torch.float32)
@@ -614,6 +643,7 @@ def test_update_under_a_fake_tensor_mode(name):
     """Under a FakeTensorMode (shapes and memory estimated without computing), update of
     a stepped state made fake gives tensors of the right shapes and dtypes: it reads no
     counter value, which a fake tensor does not hold."""
+    skip_unless_steps_on_gradients(name)
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     params = {"w": torch.randn(4, 3), "b": torch.randn(3, dtype=F64)}
@@ -635,6 +665,7 @@ def test_update_under_a_fake_tensor_mode(name):
 def test_compiled_vmapped_training_runs(name):
     """torch.compile over a whole vmapped sweep (gradient, update and apply_updates inside,
     several steps), fullgraph: equal to the eager sweep."""
+    skip_unless_steps_on_gradients(name)
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -656,6 +687,7 @@ def test_compiled_vmapped_step_from_a_cloned_vmapped_init(name):
     """A sweep stepped from Python: torch.compile(vmap(step)) from the state of
     vmap(tx.init), cloned as documented (vmap returns the unbatched counters expanded, with
     stride 0), compiles once over the steps and equals the eager vmapped steps."""
+    skip_unless_steps_on_gradients(name)
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -684,6 +716,7 @@ def test_compiled_vmapped_step_from_a_cloned_vmapped_init(name):
 def test_compiled_step_with_a_scheduled_lr(name):
     """A schedule: the transformation built inside the compiled step from a 0-d tensor lr
     that changes every step. It compiles once and matches eager steps."""
+    skip_unless_steps_on_gradients(name)
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -711,6 +744,7 @@ def test_compiled_write_back_matches_pure_steps(name, dtype):
     params and state inside the compiled function (the shared step counter included).
     Under a float64 default dtype the counters are 0-d float64 tensors, whose direct
     in-place writes torch 2.13's compiler can drop; the recipe writes through views."""
+    skip_unless_steps_on_gradients(name)
     import optree
     import torch._dynamo
 
@@ -744,6 +778,7 @@ def test_compiled_meta_gradient_matches_eager(name):
     """torch.compile(fullgraph=True) of a whole meta-gradient: torch.func.grad, with
     respect to the initial params and the lr, of the loss after steps of `inner_loop`
     (second order, through each step's update and schedule). One graph, equal to eager."""
+    skip_unless_steps_on_gradients(name)
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -764,6 +799,7 @@ def test_compiled_training_step_with_weight_decay_matches_eager(name):
     decay, in one graph, and NAdam's and Adamax's schedules with `power`. Inductor in
     torch 2.13 rewrites ``add(mm, y, alpha=c)`` into an ``addmm`` that drops `c`, which
     took the weight decay as 1 here; the update must not give it an ``alpha``."""
+    skip_unless_steps_on_gradients(name)
     import torch._dynamo
 
     torch._dynamo.reset()
