@@ -391,3 +391,26 @@ def test_group_amsgrad_makes_its_params_state(name):
     ours, expected = scenario(getattr(fo, name)), scenario(getattr(torch.optim, name))
     assert "max_exp_avg_sq" in ours[1]["state"][0] and "max_exp_avg_sq" not in ours[1]["state"][1]
     assert_same(ours, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["Adam", "AdamW"])
+@pytest.mark.parametrize(
+    "kwargs", [{"weight_decay": 0.1, "amsgrad": True}, {"lr": torch.tensor(0.01, dtype=torch.float64)}]
+)
+def test_capturable_step_rounds_its_bias_corrections_as_torch(name, kwargs, monkeypatch):
+    """torch's capturable step (a GPU's; here on the CPU, with both sides' device checks
+    lifted) computes its bias corrections from the float32 step tensor: fo's rounds them
+    so too, and float64 params agree to far below float32 round-off."""
+    import sys
+
+    from funcopt._src import adapter
+
+    monkeypatch.setattr(
+        sys.modules["torch.optim.adam"],
+        "_get_capturable_supported_devices",
+        lambda supports_xla=True: ["cpu"],
+    )
+    monkeypatch.setattr(adapter, "_check_capturable", lambda params: None)
+    base, grads = params_and_grads(torch.float64)
+    (ref, _), (ours, _) = twin_steps(name, {**kwargs, "capturable": True}, base, grads)
+    assert_same(ours, ref, rtol=1e-8, atol=1e-10)

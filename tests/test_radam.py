@@ -204,3 +204,25 @@ def test_differentiable_class_matches_torch():
         loss = sum(p.square().sum() for p in params)
         results.append((params, torch.autograd.grad(loss, lr)))
     assert_same(results[1], results[0], rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"lr": torch.tensor(0.01, dtype=F64), "weight_decay": 0.1}])
+def test_capturable_step_computes_its_schedule_as_torch(kwargs, monkeypatch):
+    """torch's capturable step (a GPU's; here on the CPU, with both sides' device checks
+    lifted) computes rho_t and the rectification from the float32 step tensor, branch-free:
+    so does fo's, and float64 params agree with torch's bit for bit."""
+    import sys
+
+    from funcopt._src import adapter
+
+    monkeypatch.setattr(
+        sys.modules["torch.optim.radam"],
+        "_get_capturable_supported_devices",
+        lambda supports_xla=True: ["cpu"],
+    )
+    monkeypatch.setattr(adapter, "_check_capturable", lambda params: None)
+    base_, grads = params_and_grads(F64)
+    kwargs = {**kwargs, "capturable": True}
+    assert_same(
+        torch_run(kwargs, base_, grads, fo.RAdam)[0], torch_run(kwargs, base_, grads)[0], rtol=0, atol=0
+    )

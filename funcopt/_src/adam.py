@@ -22,7 +22,7 @@ from torch import Tensor
 from torch.optim.optimizer import ParamsT, _to_scalar
 
 from .adapter import Optimizer
-from .algorithm import Algorithm, Bound, Hyperparams
+from .algorithm import Algorithm, Bound, Hyperparams, scalar_dtype
 from .base import GradientTransformation, Params
 from .ops import Coef, Ops, nonzero, power
 
@@ -50,6 +50,12 @@ def _initial(*, amsgrad: bool = False, **_: Any) -> tuple[Any, ...]:
     return (0.0, 0.0, 0.0, 0.0 if amsgrad else None)  # step, exp_avg, exp_avg_sq, max_exp_avg_sq
 
 
+def torch_step(step: Coef, dtype: torch.dtype) -> Tensor:
+    """The step count as torch's capturable (and Adam's differentiable) step reads it: a
+    tensor of the counter's `dtype`, in which the per-step scalars then round."""
+    return step.to(dtype) if isinstance(step, Tensor) else torch.tensor(step, dtype=dtype)
+
+
 def _schedule(
     step: Coef,
     *,
@@ -57,15 +63,15 @@ def _schedule(
     betas: tuple[Coef, Coef],
     weight_decay: Coef,
     counter_dtypes: tuple[Any],
-    step_in_tensor: bool = False,
+    step_in_tensor: torch.dtype | None = None,
     **_: Any,
 ) -> tuple[tuple[Coef], tuple[Coef, Coef, Coef, Coef]]:
     beta1, beta2 = betas
     step = step + 1
-    if step_in_tensor and counter_dtypes[0] is not None:
-        # torch's differentiable (and capturable) step computes from the step tensor, in
+    if step_in_tensor is not None:
+        # torch's differentiable and capturable steps compute from the step tensor, in
         # its dtype (float32 by default, also for float64 params): see `Adam`
-        t = torch.tensor(step, dtype=counter_dtypes[0])
+        t = torch_step(step, counter_dtypes[0] or step_in_tensor)
         bias_correction1 = 1 - beta1**t
         bias_correction2 = 1 - beta2**t
         bias_correction2_sqrt = bias_correction2.sqrt()
@@ -338,7 +344,7 @@ class Adam(Optimizer):
         beta1 rounded to each param's dtype before its ``1 - beta1``."""
         hyperparams = super()._group_hyperparams(group)
         if group.get("differentiable") or group.get("capturable"):
-            hyperparams["step_in_tensor"] = True
+            hyperparams["step_in_tensor"] = scalar_dtype(bool(group.get("fused")))
         if isinstance(group["betas"][0], Tensor):
             hyperparams["beta1_in_param_dtype"] = True
         return hyperparams

@@ -26,8 +26,9 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
+from .adam import torch_step
 from .adapter import Optimizer
-from .algorithm import Algorithm, Bound
+from .algorithm import Algorithm, Bound, Hyperparams, scalar_dtype
 from .base import GradientTransformation, Params
 from .ops import Coef, Ops, nonzero, power
 
@@ -55,14 +56,18 @@ def _schedule(
     lr: Coef,
     betas: tuple[Coef, Coef],
     weight_decay: Coef,
+    counter_dtypes: tuple[Any],
+    step_in_tensor: torch.dtype | None = None,
     **_: Any,
 ) -> tuple[tuple[Coef], tuple[Coef, Coef, Coef, Coef, Coef]]:
     beta1, beta2 = betas
     step = step + 1
-    bias_correction1 = 1 - power(beta1, step)
-    bias_correction2 = 1 - power(beta2, step)
+    # torch's capturable step computes from the step tensor, in its dtype (see `RAdam`)
+    t = step if step_in_tensor is None else torch_step(step, counter_dtypes[0] or step_in_tensor)
+    bias_correction1 = 1 - power(beta1, t)
+    bias_correction2 = 1 - power(beta2, t)
     rho_inf = 2 / (1 - beta2) - 1  # the maximum length of the approximated SMA
-    rho_t = rho_inf - 2 * step * power(beta2, step) / bias_correction2
+    rho_t = rho_inf - 2 * t * power(beta2, t) / bias_correction2
     rectified = rho_t > 5.0
     if isinstance(rectified, Tensor):
         # No branch on a tensor's value. Where rho_t <= 5 the term is unused, and may be
@@ -217,3 +222,13 @@ class RAdam(Optimizer):
             decoupled_weight_decay=decoupled_weight_decay,
             differentiable=differentiable,
         )
+
+    def _group_hyperparams(self, group: dict[str, Any]) -> Hyperparams:
+        """A group's hyperparameters; for a capturable step, with the schedule told to
+        compute as torch's capturable step does: from the step tensor, rounded in its
+        dtype (float32 unless that is not the default dtype), where the default step (and
+        torch's differentiable one) computes in Python doubles."""
+        hyperparams = super()._group_hyperparams(group)
+        if group.get("capturable"):
+            hyperparams["step_in_tensor"] = scalar_dtype()
+        return hyperparams
