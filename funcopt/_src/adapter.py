@@ -25,8 +25,10 @@ torch.compile runs eagerly while it traces (as it does for torch.optim's classes
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -47,6 +49,7 @@ from .base import (
     check_transformation,
     dtype_name,
 )
+from .wrappers import InjectHyperparamsState, LookaheadState
 
 try:
     from torch.distributed.tensor import DTensor
@@ -105,13 +108,32 @@ def _check_transform(transform: Any, defaults: dict[str, Any]) -> None:
                 "them instead, such as fo.nadam or lambda lr: fo.chain(..., fo.nadam(lr=lr)), "
                 "so that param groups and lr schedulers set them"
             )
+        _refuse_lookahead(transform)
     elif not callable(transform):
         raise TypeError(
             "transform must be a GradientTransformation or a function returning one, "
             f"but got {type(transform).__name__}"
         )
     else:  # built once now, so that a bad or unknown hyperparameter fails here, as in torch
-        _build(transform, hyperparams)
+        _refuse_lookahead(_build(transform, hyperparams))
+
+
+def _refuse_lookahead(transform: GradientTransformation) -> None:
+    """Raise where the transformation is `lookahead`, whose params are fast and slow
+    params together (`LookaheadParams`): a torch optimizer's params are the model's."""
+    with warnings.catch_warnings():  # lookahead's init warns of params that are no LookaheadParams
+        warnings.simplefilter("ignore")
+        try:
+            state = transform.init({"0": torch.empty(1, device="meta")})
+        except Exception:  # one that cannot init on a meta tensor: its first step will say what fails
+            return
+    if isinstance(state, LookaheadState):
+        raise TypeError(
+            "fo.Optimizer cannot run fo.lookahead: its update takes and returns LookaheadParams "
+            "(fast and slow params together), and a torch optimizer's params are the model's "
+            "alone. Run lookahead with the functional API (fo.LookaheadParams.init_synced(params), "
+            "then tx.update and fo.apply_updates), or keep slow weights beside the optimizer."
+        )
 
 
 def _build(factory: TransformFactory, hyperparams: Hyperparams) -> GradientTransformation:
@@ -160,7 +182,8 @@ class Optimizer(torch.optim.Optimizer):
         >>> sorted(opt.state[model.weight])
         ['1.exp_avg', '1.exp_avg_sq', '1.mu_product', '1.step']
 
-    A param's state is created from the optimizer's defaults, as torch.optim does. Each
+    A param's state is created by the transformation of its group's values (a group that
+    sets ``amsgrad=True`` gets the state that needs), as torch.optim does. Each
     param group steps on its own, as in torch.optim: a transformation that looks across
     params, such as `clip_by_global_norm`, sees one group's params at a time. To clip by
     the norm of all params, keep them in one group and give parts their own
@@ -247,6 +270,7 @@ class Optimizer(torch.optim.Optimizer):
             for key, value in defaults.items():
                 group.setdefault(key, value)
             if algorithm is None:
+                self._restore_loaded(group)
                 continue
             for p in group["params"]:  # counters saved as Python numbers become tensors
                 p_state = self.state.get(p, {})
@@ -374,8 +398,11 @@ class Optimizer(torch.optim.Optimizer):
     def _group_hyperparams(self, group: dict[str, Any]) -> Hyperparams:
         """A group's values of the hyperparameters: those the constructor set, and any
         other argument of the factory that the group sets. Another key of the group (a
-        name, a tag) is kept in the group, as torch keeps it, and read by nothing."""
-        hyperparams = _hyperparams(group, self.defaults)
+        name, a tag) is kept in the group, as torch keeps it, and read by nothing. (A
+        group loaded from an older checkpoint may lack one: the constructor's value.)"""
+        hyperparams = {
+            name: group.get(name, value) for name, value in _hyperparams(self.defaults, self.defaults).items()
+        }
         for name in self._factory_args:
             if name in group and name not in hyperparams and name not in IMPLEMENTATION_FLAGS:
                 hyperparams[name] = group[name]
@@ -394,19 +421,49 @@ class Optimizer(torch.optim.Optimizer):
                 on_device=self._on_device(group),
                 fused=bool(group.get("fused")),
             )
-        try:
-            slots, _ = _slots(self._make_transform(hyperparams).init({"0": p}))
+        try:  # the transformation that steps the group makes its state
+            slots, _ = _slots(self._make_transform(self._group_hyperparams(group)).init({"0": p}))
         except StructureError as e:  # a mask or labels tree by param names, most likely
             raise ValueError(f"{e} {_KEYED_BY_POSITION}").with_traceback(e.__traceback__) from None
         # state shared by all params (a global step count, say) is the group's: a param
-        # that joins the group's steps late takes the value the others hold
+        # that joins the group's steps late shares the tensor the others hold (so that
+        # a step writes it once, see `_step_functional`)
         sibling: dict[str, Any] = next(
             (self.state[q] for q in group["params"] if q is not p and self.state.get(q)), {}
         )
         return {
-            name: _stored(leaf["0"]) if per_param else _clone(sibling[name]) if name in sibling else leaf
+            name: _stored(leaf["0"]) if per_param else sibling[name] if name in sibling else leaf
             for name, per_param, leaf in slots
         }
+
+    def _layout(self, p: Tensor, group: dict[str, Any]) -> list[tuple[str, bool, Any]]:
+        """The slots of a new state of a param like `p` (a meta tensor) in `group`, for
+        a transformation that is no `Algorithm`."""
+        transform = self._make_transform(self._group_hyperparams(group))
+        return _slots(transform.init({"0": torch.empty(p.shape, dtype=p.dtype, device="meta")}))[0]
+
+    def _restore_loaded(self, group: dict[str, Any]) -> None:
+        """Undo what torch's ``load_state_dict`` does to a transformation's state that is
+        not torch's: it casts every state tensor of a floating-point param but ``step``
+        to the param's dtype, so an integer count (optax's ``count``) would come back a
+        float, and a buffer kept in another dtype (``mu_dtype``) the param's. Each takes
+        the dtype a new state has again. And each shared slot (the group's, such as a
+        count) is one tensor for the group's params again, as stepping keeps it."""
+        shared: dict[str, Any] = {}
+        for p in group["params"]:
+            saved = self.state.get(p)
+            if not saved:
+                continue
+            for name, per_param, leaf in self._layout(p, group):
+                value, expected = saved.get(name), leaf["0"] if per_param else leaf
+                if (
+                    isinstance(value, Tensor)
+                    and isinstance(expected, Tensor)
+                    and value.dtype != expected.dtype
+                ):
+                    saved[name] = value = value.to(expected.dtype)
+                if not per_param and name in saved:
+                    saved[name] = shared.setdefault(name, value)
 
     def _step_group(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> None:
         # a param with no state yet gets a dict of its own, kept if the step fills it
@@ -452,30 +509,55 @@ class Optimizer(torch.optim.Optimizer):
         """One step of a transformation on a group's params that have a gradient. State
         shared by all params (not per param) is the group's: it advances at every step,
         in the state of the params without a gradient (`skipped`) too, as in the
-        functional API, where a None gradient leaf does not hold back a global count."""
-        keys = [str(i) for i in range(len(params))]
+        functional API, where a None gradient leaf does not hold back a global count.
+        The hyperparameters that an `inject_hyperparams` state holds are the group's
+        (see `_injected_from_group`)."""
+        keys = _keys(len(params))
         # The state's layout, from an init on one meta tensor (allocates nothing).
-        slots, treedef = _slots(transform.init({"0": torch.empty_like(params[0], device="meta")}))
+        layout = transform.init({"0": torch.empty_like(params[0], device="meta")})
+        slots, treedef = _slots(layout)
         try:
             leaves = [
-                dict(zip(keys, (_node(s[name]) for s in states))) if per_param else states[0][name]
+                dict(zip(keys, [_node(s[name]) for s in states])) if per_param else states[0][name]
                 for name, per_param, _ in slots
             ]
         except KeyError as e:
             raise _missing_entry(e) from None
         read_params, leaves = _copies_for_autograd((params, leaves))
         state = treedef.unflatten(leaves)
+        if _holds_injected(layout):
+            p = params[0]
+            state = _injected_from_group(state, transform.init({"0": p.new_empty((0,) * p.dim())}))
         updates, new_state = transform.update(dict(zip(keys, grads)), state, dict(zip(keys, read_params)))
-        new_leaves = treedef.flatten_up_to(new_state)
-        columns = [
-            (name, [_stored(leaf[key]) for key in keys] if per_param else [leaf] * len(keys))
-            for (name, per_param, _), leaf in zip(slots, new_leaves)
-        ]
-        _write_back(params, states, columns, [updates[key] for key in keys])
-        for (name, per_param, _), leaf in zip(slots, new_leaves):
-            if not per_param:
-                for other in skipped:
-                    _assign(other, name, leaf)
+        olds: list[Tensor] = []  # eager: the state tensors to overwrite, and their new values
+        news: list[Tensor] = []
+        # one _foreach_copy_ in eager steps; `_assign` where autograd records (it has no
+        # derivative of _foreach_copy_) or torch.compile traces
+        by_one = torch.compiler.is_compiling() or torch.is_grad_enabled()
+        for (name, per_param, _), leaf in zip(slots, treedef.flatten_up_to(new_state)):
+            if per_param:
+                pairs: Iterable[tuple[dict[str, Any], Any]] = zip(states, [_stored(leaf[k]) for k in keys])
+            else:  # the group's: written once into each distinct tensor that holds it
+                pairs = ((s, leaf) for s in _distinct(states + skipped, name))
+            for s, value in pairs:
+                old: Any = s.get(name)
+                if value is old:
+                    continue
+                if by_one or not _copyable(old, value):
+                    _assign(s, name, value)
+                else:
+                    olds.append(old)
+                    news.append(value)
+        written = {id(old) for old in olds}
+        if any(id(new) in written for new in news):  # a new value is an old tensor: in order
+            for old, new in zip(olds, news):
+                old.copy_(new)
+        elif olds:
+            torch._foreach_copy_(olds, news)
+        for p, key in zip(params, keys):
+            u = updates[key]
+            if u is not None:  # None: a param the step skipped
+                p.add_(u)
 
 
 def _listings(params: list[Tensor], grads: list[Tensor]) -> list[tuple[list[Tensor], list[Tensor]]]:
@@ -705,6 +787,76 @@ def _slots(state: Any) -> tuple[list[tuple[str, bool, Any]], optree.PyTreeSpec]:
             node = node[entry] if isinstance(node, (tuple, list, dict)) else None
         out.append((".".join(parts), _is_per_param(leaf), leaf))
     return out, treedef
+
+
+@functools.cache
+def _keys(n: int) -> list[str]:
+    """The keys of a group's first `n` params, as the transformation sees them."""
+    return [str(i) for i in range(n)]
+
+
+def _distinct(states: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    """The states whose tensor at `name` no earlier state holds: a shared slot's tensor
+    is written once (the params of a group share it, see `Optimizer._new_state`)."""
+    seen: set[int] = set()
+    out = []
+    for s in states:
+        value = s.get(name)
+        if isinstance(value, Tensor):
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+        out.append(s)
+    return out
+
+
+def _copyable(old: Any, new: Any) -> bool:
+    """Whether a step's new value may be copied into the state's tensor with one
+    ``_foreach_copy_`` over all of them (as `_assign` would copy it): plain dense tensors
+    (not a DTensor) of one shape. (Type checks first: cheap, per param and slot.)"""
+    return type(old) is Tensor and type(new) is Tensor and old.shape == new.shape and not new.is_sparse
+
+
+def _holds_injected(state: Any) -> bool:
+    """Whether a state holds an `inject_hyperparams` state (a walk that torch.compile
+    traces, which optree's with `is_leaf` is not)."""
+    if isinstance(state, InjectHyperparamsState):
+        return True
+    if isinstance(state, (tuple, list)):
+        return any(_holds_injected(x) for x in state)
+    if isinstance(state, dict):
+        return any(_holds_injected(x) for x in state.values())
+    return False
+
+
+def _injected_from_group(state: Any, fresh: Any) -> Any:
+    """`state` with the hyperparams of each `inject_hyperparams` state in it replaced by
+    those of `fresh`, the state that the group's transformation initializes (on an empty
+    tensor): the adapter builds the transformation from the group's values at every
+    step, so a scheduler or a param group that sets ``lr`` sets the injected ``lr``, and
+    the state records it. Values keep the stored tensors' dtypes and devices; a
+    schedule's value is evaluated at the state's count by the update itself."""
+    if isinstance(state, InjectHyperparamsState) and isinstance(fresh, InjectHyperparamsState):
+        hyperparams = {
+            key: optree.tree_map(_cast_like, fresh.hyperparams[key], value)
+            if key in fresh.hyperparams
+            else value
+            for key, value in state.hyperparams.items()
+        }
+        inner = _injected_from_group(state.inner_state, fresh.inner_state)
+        return state._replace(hyperparams=hyperparams, inner_state=inner)
+    if isinstance(state, (tuple, list)) and type(state) is type(fresh) and len(state) == len(fresh):
+        items = [_injected_from_group(s, f) for s, f in zip(state, fresh)]
+        return state._make(items) if hasattr(state, "_make") else type(state)(items)
+    if isinstance(state, dict) and isinstance(fresh, dict) and state.keys() == fresh.keys():
+        return {k: _injected_from_group(v, fresh[k]) for k, v in state.items()}
+    return state
+
+
+def _cast_like(new: Any, old: Any) -> Any:
+    if isinstance(new, Tensor) and isinstance(old, Tensor):
+        return new.to(dtype=old.dtype, device=old.device)
+    return new
 
 
 def _stored(value: Any) -> Any:
