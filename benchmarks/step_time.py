@@ -47,8 +47,9 @@ import torch
 
 import funcopt as fo
 
-# LBFGS's step takes a closure, SparseAdam takes sparse gradients only: not timed here
-UNTIMED = {"LBFGS", "SparseAdam"}
+# not timed on this parameter set: LBFGS's step takes a closure, SparseAdam takes sparse
+# gradients only, Muon steps 2-D params only
+UNTIMED = {"LBFGS", "SparseAdam", "Muon"}
 
 
 def default_algorithms() -> list[str]:
@@ -79,6 +80,23 @@ def machine(device: str = "cpu") -> str:
     return f"{name}, {os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s)"
 
 
+def funcopt_version() -> str:
+    """funcopt's version, and its git commit where it runs from a clone."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(fo.__file__)))
+    git = ["git", "-C", root]
+    try:
+        commit = subprocess.run(
+            [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        )
+        changes = subprocess.run(
+            [*git, "status", "--porcelain", "--", "funcopt"], capture_output=True, text=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return f"funcopt {fo.__version__}"
+    local = " with uncommitted changes" if changes.stdout.strip() else ""
+    return f"funcopt {fo.__version__} at {commit.stdout.strip()}{local}"
+
+
 def write_table(path: str, table: str, device: str = "cpu", note: str = "") -> None:
     """Write a benchmark's Markdown table to `path` (docs/performance.md includes it),
     under a line that says how, where and when it was measured."""
@@ -86,7 +104,9 @@ def write_table(path: str, table: str, device: str = "cpu", note: str = "") -> N
     load = f"; load average {os.getloadavg()[0]:.1f} at the end" if hasattr(os, "getloadavg") else ""
     when = datetime.date.today().isoformat()
     with open(path, "w") as f:
-        f.write(f"{table}\n_`{command}`, {when}: torch {torch.__version__}, {machine(device)}{load}.")
+        f.write(
+            f"{table}\n_`{command}`, {when}: {funcopt_version()}, torch {torch.__version__}, {machine(device)}{load}."
+        )
         f.write(f" {note}_\n" if note else "_\n")
     print(f"table written to {path}")
 

@@ -10,7 +10,7 @@
 
 Writes ``funcopt_demo.png`` (or ``--out PATH``). Needs matplotlib (the ``demo`` extra:
 ``pip install torch==2.13.0 -e ".[demo]"`` in a clone); without it, only the numbers are printed.
-About half a minute on 2 idle CPU cores, more when they are busy. Progress bars show
+About half a minute on 2 CPU cores, more when they are busy. Progress bars show
 on a terminal only.
 """
 

@@ -188,3 +188,24 @@ def test_blocks_are_found(tmp_path):
     run_blocks(page, fresh=False, tmp_path=tmp_path)  # the norun block is left out
     with pytest.raises(AssertionError, match="NameError"):  # fresh: c = a + 2 has no a
         run_blocks(page, fresh=True, tmp_path=tmp_path)
+
+
+def test_benchmark_tables_are_generated_and_included():
+    """docs/performance.md shows the benchmarks' tables as written by the scripts
+    (``--write-table``): each included file exists, and each names the command that
+    wrote it."""
+    included = {
+        (page.parent / target).resolve()
+        for page in (ROOT / "docs").rglob("*.md")
+        for target in re.findall(r"^```\{include\}\s+(\S+)", page.read_text(), flags=re.M)
+    }
+    assert all(path.exists() for path in included), sorted(map(str, included))
+    generated = sorted((ROOT / "docs" / "_generated").glob("*.md"))
+    assert generated and set(generated) <= included, "every generated table is shown on a page"
+    for table in generated:
+        command = re.search(
+            r"^_`python (benchmarks/\w+\.py) [^`]*--write-table docs/_generated/(\S+)`",
+            table.read_text(),
+            re.M,
+        )
+        assert command and (ROOT / command[1]).exists() and command[2] == table.name, table.name
