@@ -34,6 +34,7 @@ from ._src.base import (
     chain,
 )
 from ._src.clipping import clip_by_global_norm
+from ._src.convert import functional_state, load_functional_state
 from ._src.lbfgs import LBFGS, LBFGSState, lbfgs
 from ._src.masking import MaskedState, masked, partition
 from ._src.meta import inner_loop
@@ -99,8 +100,10 @@ __all__ = [
     "asgd",
     "chain",
     "clip_by_global_norm",
+    "functional_state",
     "inner_loop",
     "lbfgs",
+    "load_functional_state",
     "masked",
     "muon",
     "nadam",
