@@ -56,6 +56,16 @@ def torch_step(step: Coef, dtype: torch.dtype) -> Tensor:
     return step.to(dtype) if isinstance(step, Tensor) else torch.tensor(step, dtype=dtype)
 
 
+def user_capturable(optimizer: Optimizer, group: dict[str, Any]) -> bool:
+    """Whether a group steps as torch's capturable step: where its user set capturable.
+    torch.compile's tracing of a step sets every group's capturable (so torch's compiled
+    step computes its scalars from the step tensor); funcopt's compiled step keeps the
+    default step's Python doubles there, as the functional update does."""
+    if torch.compiler.is_compiling():
+        return bool(optimizer.defaults.get("capturable"))
+    return bool(group.get("capturable"))
+
+
 def _schedule(
     step: Coef,
     *,
@@ -343,7 +353,7 @@ class Adam(Optimizer):
         dtype), where the default step computes them in Python doubles; and a tensor
         beta1 rounded to each param's dtype before its ``1 - beta1``."""
         hyperparams = super()._group_hyperparams(group)
-        if group.get("differentiable") or group.get("capturable"):
+        if group.get("differentiable") or user_capturable(self, group):
             hyperparams["step_in_tensor"] = scalar_dtype(bool(group.get("fused")))
         if isinstance(group["betas"][0], Tensor):
             hyperparams["beta1_in_param_dtype"] = True

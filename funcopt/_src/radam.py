@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
-from .adam import torch_step
+from .adam import torch_step, user_capturable
 from .adapter import Optimizer
 from .algorithm import Algorithm, Bound, Hyperparams, scalar_dtype
 from .base import GradientTransformation, Params
@@ -229,6 +229,6 @@ class RAdam(Optimizer):
         dtype (float32 unless that is not the default dtype), where the default step (and
         torch's differentiable one) computes in Python doubles."""
         hyperparams = super()._group_hyperparams(group)
-        if group.get("capturable"):
+        if user_capturable(self, group):
             hyperparams["step_in_tensor"] = scalar_dtype()
         return hyperparams
