@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import ALGORITHMS, HYPER, factory, kwargs_of, torch_cls
+from helpers import ALGORITHMS, HYPER, factory, kwargs_of, skip_unless_steps_on_gradients, torch_cls
 from torch._dynamo.testing import CompileCounter
 
 import funcopt as fo
@@ -13,6 +13,7 @@ import funcopt as fo
 
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_lr_schedule_matches_torch_with_lambda_lr(name):
+    skip_unless_steps_on_gradients(name)  # (tests/test_lbfgs.py and test_sparse_adam.py schedule theirs)
     if "lr" not in HYPER[name]:
         pytest.skip(f"{name} has no lr")
     torch.manual_seed(0)

@@ -24,6 +24,7 @@ that decide something:
 from __future__ import annotations
 
 import builtins
+import functools
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
@@ -248,19 +249,20 @@ class _Buffers:
         self.count = S.where(condition, S.min(self.count + 1, self.size), self.count)
 
 
-def _direction(S: Any, history: Any, flat_grad: Tensor, H_diag: Any) -> Tensor:
+def _direction(S: Any, history: Any, flat_grad: Tensor, H_diag: Any, run: Any) -> Tensor:
     """torch's two-loop recursion: the gradient times the (negated) inverse-Hessian
     approximation that the history makes, with ``H_diag`` as its initial scale. The
-    coefficients ``al`` are left in ``history.al``, as torch leaves them in its state."""
+    coefficients ``al`` are left in ``history.al``, as torch leaves them in its state,
+    where `run` (traced: the members of a batch that take this iteration)."""
     al = history.al
     q = flat_grad.neg()
     for i in range(history.slots - 1, -1, -1):
-        used = history.used(i)
+        used = S.and_(run, history.used(i))
         al[i] = S.where(used, history.stps[i].dot(q) * history.ro[i], al[i])
         q = S.where(used, S.axpy(q, history.dirs[i], -al[i]), q)
     r = torch.mul(q, H_diag)
     for i in range(history.slots):
-        used = history.used(i)
+        used = S.and_(run, history.used(i))
         be_i = history.dirs[i].dot(r) * history.ro[i]
         r = S.where(used, S.axpy(r, history.stps[i], al[i] - be_i), r)
     return r
@@ -319,10 +321,14 @@ def _bracket_trial(S: Any, t: Any, t_prev: Any, f_prev: Any, gtd_prev: Any, f_ne
     return _cubic_interpolate(S, t_prev, f_prev, gtd_prev, t, f_new, gtd_new, bounds=(min_step, max_step))
 
 
-def _no_trial(S: Any, t: Any, *rest: Any) -> Any:
-    """The trial of a phase not running: the step length as it is (and for the zoom
-    phase, its progress flag)."""
-    return (t, rest[0]) if len(rest) == 7 else t
+def _no_zoom(S: Any, t: Any, insuf_progress: Any, *bracket: Any) -> tuple[Any, Any]:
+    """`_zoom_trial` where the zoom phase is not running: nothing changes."""
+    return t, insuf_progress
+
+
+def _no_bracketing(S: Any, t: Any, *points: Any) -> Any:
+    """`_bracket_trial` where the bracketing phase is not running: nothing changes."""
+    return t
 
 
 def _take(
@@ -401,8 +407,10 @@ def _strong_wolfe(
         zooming = S.and_(zooming, S.not_(S.or_(S.or_(done, ls_iter >= max_ls), small)))
 
         bracket = (b0, bf0, bgtd0, b1, bf1, bgtd1)
-        tz, insuf_progress = S.cond(zooming, _zoom_trial, _no_trial, S, t, insuf_progress, *bracket)
-        tb = S.cond(bracketing, _bracket_trial, _no_trial, S, t, t_prev, f_prev, gtd_prev, f_new, gtd_new)
+        tz, insuf_progress = S.cond(zooming, _zoom_trial, _no_zoom, S, t, insuf_progress, *bracket)
+        tb = S.cond(
+            bracketing, _bracket_trial, _no_bracketing, S, t, t_prev, f_prev, gtd_prev, f_new, gtd_new
+        )
         t_prev, f_prev = S.where(bracketing, t, t_prev), S.where(bracketing, f_new, f_prev)
         g_prev, gtd_prev = S.where(bracketing, g_new, g_prev), S.where(bracketing, gtd_new, gtd_prev)
         run = S.or_(bracketing, zooming)
@@ -473,7 +481,7 @@ def _lbfgs_direction(
     stored = S.and_(S.and_(live, S.not_(first)), ys > 1e-10)  # (traced: also run at the first)
     hist.push(S, y, s, ys, stored)
     H_diag = S.where(stored, ys / S.safe(y.dot(y)), H_diag)  # the initial Hessian's scale
-    return H_diag, _direction(S, hist, flat_grad, H_diag)
+    return H_diag, _direction(S, hist, flat_grad, H_diag, S.and_(live, S.not_(first)))
 
 
 def _first_direction(
@@ -642,7 +650,11 @@ class _Closure:
 
     def searcher(self, d: Tensor) -> Callable[[Any, Any, Any], tuple[Any, Tensor]]:
         x_init = self.opt._clone_param()
-        return lambda t, run, old: self.opt._directional_evaluate(self.closure, x_init, t, d)
+
+        def evaluate(t: Any, run: Any, old: tuple[Any, Tensor]) -> tuple[Any, Tensor]:
+            return self.opt._directional_evaluate(self.closure, x_init, t, d) if run else old
+
+        return evaluate
 
     def move(self, S: Any, t: Any, d: Tensor, live: Any) -> None:
         self.opt._add_grad(t, d)
@@ -738,6 +750,12 @@ class LBFGS(torch.optim.Optimizer):
             raise ValueError("LBFGS doesn't support per-parameter options (parameter groups)")
         self._params = self.param_groups[0]["params"]
         self._numel_cache: int | None = None
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        # unpickled or deep-copied (torch's pickles neither, and then fails to step)
+        self._params = self.param_groups[0]["params"]
+        self._numel_cache = None
 
     def _numel(self) -> int:
         if self._numel_cache is None:
@@ -854,8 +872,9 @@ def lbfgs(
 
     Args:
         lr: learning rate (the initial step length of each line search).
-        max_iter: iterations per update (an int).
-        max_eval: evaluations of the objective per update (default ``max_iter * 5 // 4``).
+        max_iter: iterations per update (an int under torch.func and torch.compile).
+        max_eval: evaluations of the objective per update (default ``max_iter * 5 // 4``;
+            likewise an int there).
         tolerance_grad: stop where the largest gradient entry is this small.
         tolerance_change: stop where the loss or the params change less.
         history_size: the number of past steps the Hessian approximation keeps (the
@@ -877,6 +896,10 @@ def lbfgs(
     there, the loss in float64) at the cost of the evaluations torch would skip, and
     makes a batch (``vmap``) of problems, or a differentiable fit (``grad``), possible.
 
+    A float hyperparameter may be a schedule (a function of the update count, such as
+    ``fo.linear_schedule(...)``): the state is then a ``ScheduledState`` that carries the
+    count (see ``docs/schedules.md``).
+
     Example:
         >>> import torch, funcopt as fo
         >>> A, b = torch.tensor([[3.0, 1.0], [1.0, 2.0]]), torch.tensor([1.0, -1.0])
@@ -888,17 +911,18 @@ def lbfgs(
         >>> grads = torch.func.grad(value_fn)(params)
         >>> updates, state = tx.update(grads, state, params, value_fn=value_fn)
         >>> fo.apply_updates(params, updates)["x"], int(state.func_evals)
-        (tensor([ 0.6000, -0.8000]), 4)
+        (tensor([ 0.6000, -0.8000]), 8)
     """
+    from .wrappers import has_schedule, with_schedules  # wrappers builds on the algorithms
+
     # torch's checks at construction (of lr only: the others are used as they are)
     if isinstance(lr, Tensor) and lr.numel() != 1:
         raise ValueError("Tensor lr must be 1-element")
-    _LR.check({"lr": lr}, tensors=False)
-    if isinstance(lr, Tensor):
-        lr = lr.reshape(())
+    if not has_schedule(lr):
+        _LR.check({"lr": lr}, tensors=False)
     if max_eval is None:
         max_eval = max_iter * 5 // 4
-    hyperparams: dict[str, Any] = {
+    hyperparams = {
         "lr": lr,
         "max_iter": max_iter,
         "max_eval": max_eval,
@@ -907,96 +931,113 @@ def lbfgs(
         "history_size": history_size,
         "line_search_fn": line_search_fn,
     }
+    return with_schedules(_lbfgs, hyperparams)
 
-    def init(params: Params) -> LBFGSState:
-        (leaves,), _ = flatten_together(params)
-        for i, p in enumerate(leaves):
-            if p is not None:
-                check_param("LBFGS", i, p)
-        leaves = [p for p in leaves if p is not None]
-        if isinstance(history_size, bool) or not isinstance(history_size, int) or history_size < 1:
-            raise ValueError(
-                f"lbfgs: history_size must be an int of at least 1 (the rows of the state's buffers); "
-                f"got {history_size!r}"
-            )
-        flat = _flat_grad([None] * len(leaves), leaves)
-        # tensors of their own (no two entries one tensor: torch.compile would guard on it)
-        count = lambda: torch.zeros((), dtype=torch.int64, device=flat.device)  # noqa: E731
-        number = lambda: torch.zeros((), dtype=torch.float64, device=flat.device)  # noqa: E731
-        return LBFGSState(
-            func_evals=count(),
-            n_iter=count(),
-            d=torch.zeros_like(flat),
-            t=number(),
-            old_dirs=flat.new_zeros((history_size, flat.numel())),
-            old_stps=flat.new_zeros((history_size, flat.numel())),
-            ro=flat.new_zeros(history_size),
-            H_diag=flat.new_ones(()),
-            prev_flat_grad=torch.zeros_like(flat),
-            prev_loss=number(),
-            al=flat.new_zeros(history_size),
-            num_old=count(),
-        )
 
-    def update(
-        updates: Params, state: LBFGSState, params: Params | None = None, **extra_args: Any
-    ) -> tuple[Params, LBFGSState]:
-        grads = updates  # the gradients at the params
-        value_fn: Callable[[Params], Tensor] | None = extra_args.get("value_fn")
-        value = extra_args.get("value")  # the loss at the params, where the caller has it
-        if value_fn is None or params is None:
-            raise ValueError(
-                "lbfgs update needs the params and the objective: "
-                "update(grads, state, params, value_fn=lambda params: loss) (it evaluates the loss "
-                "and its gradient at the points it tries)"
-            )
-        if not isinstance(state, LBFGSState):
-            raise TypeError(f"LBFGS update: state must be an LBFGSState (from init); got {a_kind(state)}")
-        (p_all, g_all), rebuild = flatten_together(
-            params, grads, names=("LBFGS update: params", "grads"), hint="Pass the gradients of these params."
+def _lbfgs(**hyperparams: Any) -> GradientTransformation:
+    """`lbfgs` for hyperparameters that are values (no schedules)."""
+    if isinstance(hyperparams["lr"], Tensor):
+        hyperparams["lr"] = hyperparams["lr"].reshape(())
+    return GradientTransformation(
+        functools.partial(_init, hyperparams), functools.partial(_update, hyperparams)
+    )
+
+
+def _init(hyperparams: dict[str, Any], params: Params) -> LBFGSState:
+    """`lbfgs`'s init: zero vectors and buffers, made from the params."""
+    history_size = hyperparams["history_size"]
+    (leaves,), _ = flatten_together(params)
+    for i, p in enumerate(leaves):
+        if p is not None:
+            check_param("LBFGS", i, p)
+    leaves = [p for p in leaves if p is not None]
+    if isinstance(history_size, bool) or not isinstance(history_size, int) or history_size < 1:
+        raise ValueError(
+            f"lbfgs: history_size must be an int of at least 1 (the rows of the state's buffers); "
+            f"got {history_size!r}"
         )
-        present = [i for i, p in enumerate(p_all) if p is not None]  # None: no param there
-        p_leaves, g_leaves = [p_all[i] for i in present], [g_all[i] for i in present]
-        for i, g in zip(present, g_leaves):
-            if g is not None and not isinstance(g, Tensor):
+    flat = _flat_grad([None] * len(leaves), leaves)
+    # tensors of their own (no two entries one tensor: torch.compile would guard on it)
+    count = lambda: torch.zeros((), dtype=torch.int64, device=flat.device)  # noqa: E731
+    number = lambda: torch.zeros((), dtype=torch.float64, device=flat.device)  # noqa: E731
+    return LBFGSState(
+        func_evals=count(),
+        n_iter=count(),
+        d=torch.zeros_like(flat),
+        t=number(),
+        old_dirs=flat.new_zeros((history_size, flat.numel())),
+        old_stps=flat.new_zeros((history_size, flat.numel())),
+        ro=flat.new_zeros(history_size),
+        H_diag=flat.new_ones(()),
+        prev_flat_grad=torch.zeros_like(flat),
+        prev_loss=number(),
+        al=flat.new_zeros(history_size),
+        num_old=count(),
+    )
+
+
+def _update(
+    hyperparams: dict[str, Any],
+    updates: Params,
+    state: LBFGSState,
+    params: Params | None = None,
+    **extra_args: Any,
+) -> tuple[Params, LBFGSState]:
+    """`lbfgs`'s update: one torch.optim.LBFGS step (see `lbfgs`)."""
+    grads = updates  # the gradients at the params
+    value_fn: Callable[[Params], Tensor] | None = extra_args.get("value_fn")
+    value = extra_args.get("value")  # the loss at the params, where the caller has it
+    if value_fn is None or params is None:
+        raise ValueError(
+            "lbfgs update needs the params and the objective: "
+            "update(grads, state, params, value_fn=lambda params: loss) (it evaluates the loss "
+            "and its gradient at the points it tries)"
+        )
+    if not isinstance(state, LBFGSState):
+        raise TypeError(f"LBFGS update: state must be an LBFGSState (from init); got {a_kind(state)}")
+    (p_all, g_all), rebuild = flatten_together(
+        params, grads, names=("LBFGS update: params", "grads"), hint="Pass the gradients of these params."
+    )
+    present = [i for i, p in enumerate(p_all) if p is not None]  # None: no param there
+    p_leaves, g_leaves = [p_all[i] for i in present], [g_all[i] for i in present]
+    for i, g in zip(present, g_leaves):
+        if g is not None and not isinstance(g, Tensor):
+            raise TypeError(
+                f"LBFGS update: the gradient of leaf {i} is {a_kind(g)}; grads must be a pytree of "
+                "tensors (None for a param without one)"
+            )
+    flat_grad = _flat_grad(g_leaves, p_leaves)
+    if flat_grad.shape != state.d.shape:
+        raise ValueError(
+            f"LBFGS update: the params have {flat_grad.numel()} real entries, the state "
+            f"{state.d.numel()}: pass a state that init made from these params"
+        )
+    S: Any = _Traced if tracing() else _Eager
+    if S is _Traced:
+        for name in ("max_iter", "max_eval"):
+            bound = hyperparams[name]
+            if isinstance(bound, bool) or not isinstance(bound, int):
                 raise TypeError(
-                    f"LBFGS update: the gradient of leaf {i} is {a_kind(g)}; grads must be a pytree of "
-                    "tensors (None for a param without one)"
+                    f"LBFGS update: under torch.func transforms and torch.compile, {name} must be an "
+                    f"int (the update runs that many rounds); got {bound!r}"
                 )
-        flat_grad = _flat_grad(g_leaves, p_leaves)
-        if flat_grad.shape != state.d.shape:
-            raise ValueError(
-                f"LBFGS update: the params have {flat_grad.numel()} real entries, the state "
-                f"{state.d.numel()}: pass a state that init made from these params"
-            )
-        S: Any = _Traced if tracing() else _Eager
-        if S is _Traced:
-            for name in ("max_iter", "max_eval"):
-                bound = hyperparams[name]
-                if isinstance(bound, bool) or not isinstance(bound, int):
-                    raise TypeError(
-                        f"LBFGS update: under torch.func transforms and torch.compile, {name} must be an "
-                        f"int (the update runs that many rounds); got {bound!r}"
-                    )
 
-        def put_back(leaves: list[Any]) -> Any:
-            full: list[Any] = [None] * len(p_all)
-            for i, leaf in zip(present, leaves):
-                full[i] = leaf
-            return rebuild(full)
+    def put_back(leaves: list[Any]) -> Any:
+        full: list[Any] = [None] * len(p_all)
+        for i, leaf in zip(present, leaves):
+            full[i] = leaf
+        return rebuild(full)
 
-        point = _Position(S, p_leaves, put_back, value_fn)
-        loss = value_fn(params) if value is None else value
-        if S is _Eager:
-            st = _eager_entries(state)
-        else:
-            hist = _Buffers(state.old_dirs, state.old_stps, state.ro, state.al, state.num_old)
-            st = _Step(**{k: getattr(state, k) for k in _ENTRIES}, hist=hist)
-        _run(S, point, st, S.number(loss), flat_grad, **hyperparams)
-        # every param moves (along the direction, which mixes in what the history holds)
-        return put_back([new - p for p, new in zip(p_leaves, point.params)]), _state_from(st, state)
-
-    return GradientTransformation(init, update)
+    point = _Position(S, p_leaves, put_back, value_fn)
+    loss = value_fn(params) if value is None else value
+    if S is _Eager:
+        st = _eager_entries(state)
+    else:
+        hist = _Buffers(state.old_dirs, state.old_stps, state.ro, state.al, state.num_old)
+        st = _Step(**{k: getattr(state, k) for k in _ENTRIES}, hist=hist)
+    _run(S, point, st, S.number(loss), flat_grad, **hyperparams)
+    # every param moves (along the direction, which mixes in what the history holds)
+    return put_back([new - p for p, new in zip(p_leaves, point.params)]), _state_from(st, state)
 
 
 _ENTRIES = ("func_evals", "n_iter", "d", "t", "H_diag", "prev_flat_grad", "prev_loss")
