@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import ALGORITHMS
+from helpers import ALGORITHMS, factory
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [
@@ -40,4 +40,4 @@ def test_docs_build_without_warnings(tmp_path):
     assert 'id="funcopt.Optimizer"' in (out / "api.html").read_text()
     for name in ALGORITHMS:  # each algorithm's page documents its factory and its class
         page = (out / "algorithms" / f"{name.lower()}.html").read_text()
-        assert f'id="funcopt.{name.lower()}"' in page and f'id="funcopt.{name}"' in page
+        assert f'id="funcopt.{factory(name).__name__}"' in page and f'id="funcopt.{name}"' in page
