@@ -17,6 +17,7 @@ from torch.testing._internal.common_optimizers import (
 from torch.testing._internal.common_utils import set_default_dtype as set_default_dtype  # for the tests
 
 import funcopt as fo
+from funcopt._src.algorithm import Algorithm
 
 # every torch.optim-compatible class funcopt exports (its torch twin has the same name):
 # those on funcopt's engine (fo.Optimizer), and LBFGS (a torch.optim.Optimizer of its own)
@@ -152,17 +153,57 @@ def make(name: str, hp: dict[str, Any] | None = None) -> fo.GradientTransformati
     return factory(name)(**kwargs_of(HYPER[name] if hp is None else hp))
 
 
+def weight_decay(name: str, value: float) -> dict[str, float]:
+    """``{"weight_decay": value}`` where the class `name` takes a weight decay, else no
+    keyword (Rprop has none, as torch's)."""
+    return {"weight_decay": value} if "weight_decay" in inspect.signature(fo_cls(name)).parameters else {}
+
+
+def algorithm(name: str) -> Algorithm | None:
+    """The engine's `Algorithm` of the class `name` (its flags: needs_params, counters,
+    per_element, ...), or None for a class off the engine (LBFGS)."""
+    transform = getattr(fo_cls(name)([torch.zeros(1, requires_grad=True)]), "_transform", None)
+    return transform if isinstance(transform, Algorithm) else None
+
+
+def skip_if_needs_params(name: str) -> None:
+    """Skip the calling test, which updates without the params, for an algorithm whose
+    math reads them (Algorithm.needs_params: ASGD's average, Adafactor's step size):
+    its update refuses that by design (tests/test_asgd.py and test_adafactor.py check the
+    message)."""
+    algo = algorithm(name)
+    if algo is not None and algo.needs_params:
+        pytest.skip(f"{name}'s update reads the params (needs_params): it refuses an update without them")
+
+
 def full_state(tx: fo.GradientTransformation, params: Any) -> Any:
     """`tx`'s state for `params`, with every buffer there: stepped once (with gradients of
     ones) where init leaves one absent that the first step creates (SGD's momentum_buffer)."""
     state = tx.init(params)
-    if any(isinstance(x, fo.MaskedNode) for x in optree.tree_leaves(state, is_leaf=_is_empty)):
+    if any(isinstance(x, fo.MaskedNode) for x in optree.tree_leaves(state, is_leaf=is_empty)):
         _, state = tx.update(optree.tree_map(torch.ones_like, params), state, params)
     return state
 
 
-def _is_empty(x: Any) -> bool:
+def is_empty(x: Any) -> bool:
+    """Whether `x` is an empty node (a buffer absent from a functional state)."""
     return isinstance(x, fo.MaskedNode)
+
+
+def creates_at_first_step(name: str) -> bool:
+    """Whether `name`'s first step creates a buffer (SGD's momentum_buffer, with its
+    `HYPER` values): a functional state then changes structure once, there."""
+    params = {"w": torch.zeros(2, 2)}
+    tx = make(name)
+    state = tx.init(params)
+    _, stepped = tx.update({"w": torch.ones(2, 2)}, state, params)
+    return optree.tree_structure(stepped) != optree.tree_structure(state)
+
+
+def skip_without_counters(state: Any) -> None:
+    """Skip a test of step counters for an algorithm whose state has none (SGD)."""
+    if "step" not in state._fields:
+        pytest.skip(f"{type(state).__name__} has no step counter (as torch's state has none)")
 
 
 def optim_inputs(name: str, with_flags: bool = True) -> list[tuple[str, dict[str, Any]]]:
@@ -230,9 +271,12 @@ def compiled_and_eager_steps(
     compiled = torch.compile(step, fullgraph=True, backend=backend)
     eager_p, eager_s = params, tx.init(params)
     comp_p, comp_s = params, tx.init(params)
-    for i, grads in enumerate(grads_seq):
+    first = None  # a state whose structure the first step changes (SGD's momentum_buffer,
+    for i, grads in enumerate(grads_seq):  # created there) compiles once more, at the second
         eager_p, eager_s = step(grads, eager_s, eager_p)
-        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+        if i == 0:
+            first = optree.tree_structure(eager_s) != optree.tree_structure(comp_s)
+        with torch._dynamo.config.patch(error_on_recompile=i > (1 if first else 0)):
             comp_p, comp_s = compiled(grads, comp_s, comp_p)
     return (comp_p, comp_s), (eager_p, eager_s)
 

@@ -15,13 +15,18 @@ from helpers import (
     as_tensors,
     assert_same,
     factory,
+    full_state,
     hypergradients_both_ways,
+    is_empty,
     kwargs_of,
     make,
     run,
     set_default_dtype,
+    skip_if_needs_params,
     skip_unless_steps_on_gradients,
+    skip_without_counters,
     torch_cls,
+    weight_decay,
 )
 
 import funcopt as fo
@@ -68,6 +73,10 @@ def test_update_without_params(name, path, monkeypatch):
     """Without weight decay the params are optional: ``update(grads, state)`` takes the
     same eager paths (the math never reads them) and gives the same result, bit for bit."""
     skip_unless_steps_on_gradients(name)
+    skip_if_needs_params(name)
+    params, grads = params_and_grads()
+    tx = make(name, {**HYPER[name], **weight_decay(name, 0.0), "maximize": True})
+    with_params = without = full_state(tx, params)  # SGD's first step, which creates a buffer, aside
     if path == "segments":  # blocks of fresh memory for the 4x3 leaf, foreach ops for the other
         monkeypatch.setattr(inplace, "SMALL", 4)
         monkeypatch.setattr(inplace, "SEGMENT", 5)
@@ -77,9 +86,6 @@ def test_update_without_params(name, path, monkeypatch):
             raise AssertionError("took the out-of-place path")
 
         monkeypatch.setattr(Algorithm, "_pure_step", no_pure_step)
-    params, grads = params_and_grads()
-    tx = make(name, {**HYPER[name], "weight_decay": 0.0, "maximize": True})
-    with_params = without = tx.init(params)
     for g in grads:
         if path == "pure":  # autograd on: out-of-place ops only
             g = {k: v.clone().requires_grad_() for k, v in g.items()}
@@ -121,6 +127,7 @@ def test_counters_are_float64_for_float64_params(name):
     grads = {k: torch.randn(3, generator=g, dtype=d) for k, d in dtypes.items()}
     tx = make(name)
     state = tx.init(params)
+    skip_without_counters(state)
     steps = state.step
     assert {k: steps[k].dtype for k in dtypes} == {
         "a": torch.float32, "b": torch.float64, "c": torch.float32, "d": torch.float64, "e": torch.float32
@@ -143,11 +150,13 @@ def test_counter_dtype_does_not_promote(name):
     params, grads = params_and_grads()
     with set_default_dtype(torch.float64):
         state = factory(name)().init(params)
+    skip_without_counters(state)
     assert state.step["w"].dtype == torch.float64
     updates, new_state = factory(name)().update(grads[0], state, params)
     assert updates["w"].dtype == torch.float32
     assert new_state.step["w"].dtype == torch.float64
-    assert all(t.dtype == torch.float32 for f in new_state[1:] for t in f.values() if t.dim() > 0)
+    # (an absent buffer, RMSprop's momentum_buffer without momentum, is an empty node: no leaves)
+    assert all(t.dtype == torch.float32 for t in optree.tree_leaves(list(new_state[1:])) if t.dim() > 0)
 
 
 class Layer(NamedTuple):
@@ -172,10 +181,10 @@ def test_any_pytree_and_state_mirrors_params(name):
     so the buffer of a param is found by the param's own path."""
     skip_unless_steps_on_gradients(name)
     params, grads = nested_params_and_grads()
-    tx = factory(name)(weight_decay=0.1)
+    tx = factory(name)(**weight_decay(name, 0.1))
     state = tx.init(params)
-    for field in state:
-        assert optree.tree_structure(field, none_is_leaf=True) == optree.tree_structure(
+    for field in state:  # an absent buffer (SGD's before its first step) an empty node
+        assert optree.tree_structure(field, none_is_leaf=True, is_leaf=is_empty) == optree.tree_structure(
             params, none_is_leaf=True
         )
     updates, state = tx.update(grads, state, params)
@@ -197,7 +206,10 @@ def test_compiled_update_keeps_any_pytree(name):
 
     params, grads = nested_params_and_grads()
     grads["layers"][1] = Layer(grads["layers"][1].weight, None)  # a param without a gradient
-    for tx in (factory(name)(weight_decay=0.1), fo.chain(fo.clip_by_global_norm(0.5), factory(name)())):
+    for tx in (
+        factory(name)(**weight_decay(name, 0.1)),
+        fo.chain(fo.clip_by_global_norm(0.5), factory(name)()),
+    ):
 
         def step(grads, state, params, tx=tx):
             updates, state = tx.update(grads, state, params)
@@ -253,7 +265,7 @@ def test_transformations_pickle(name):
     transforms = [
         f(lr=torch.tensor(0.05)),
         fo.chain(fo.clip_by_global_norm(torch.tensor(0.5)), f()),
-        fo.masked(f(weight_decay=0.1), is_matrix),
+        fo.masked(f(**weight_decay(name, 0.1)), is_matrix),
         fo.masked(f(), {"w": False, "b": True}),
         fo.partition({"m": f(lr=0.05), "v": fo.clip_by_global_norm(1.0)}, {"w": "m", "b": "v"}),
     ]
@@ -284,13 +296,14 @@ def test_state_with_separate_counters(name):
     params, grads = params_and_grads()
     tx = make(name)
     _, state = run(tx, params, grads[:2])
+    skip_without_counters(state)
     assert state.step["w"] is state.step["b"]
     moved = optree.tree_map(torch.clone, state)
     assert moved.step["w"] is not moved.step["b"]
     updates, new = tx.update(grads[2], moved, params)
     expected_updates, expected_state = tx.update(grads[2], state, params)
     assert_same([updates, *new], [expected_updates, *expected_state], rtol=0, atol=0)
-    counters = [field for field in new._fields if getattr(new, field)["w"].dim() == 0]
+    counters = [f for f in new._fields if not is_empty(leaf := getattr(new, f)["w"]) and leaf.dim() == 0]
     assert counters and all(getattr(new, c)["w"] is getattr(new, c)["b"] for c in counters)
 
 
@@ -304,9 +317,13 @@ def test_none_gradient_skips_the_leaf(name):
     updates, new_state = tx.update({"w": None, "b": grads[1]["b"]}, state, params)
     assert updates["w"] is None
     for old, new in zip(state, new_state):
+        if is_empty(old["w"]):  # absent (SGD's momentum_buffer without momentum), and stays so
+            assert is_empty(new["w"]) and is_empty(new["b"])
+            continue
         assert new["w"] is old["w"]
         assert new["b"] is not old["b"]
-    assert int(new_state.step["b"]) == 2 and int(new_state.step["w"]) == 1
+    if "step" in state._fields:
+        assert int(new_state.step["b"]) == 2 and int(new_state.step["w"]) == 1
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
