@@ -14,7 +14,9 @@ from helpers import (
     HYPER,
     assert_same,
     compiled_and_eager_steps,
+    creates_at_first_step,
     factory,
+    full_state,
     make,
     skip_unless_steps_on_gradients,
 )
@@ -151,7 +153,7 @@ def test_inner_loop_resumes_from_a_state(name):
     whole, whole_state, whole_losses = fo.inner_loop(loss_fn, params, tx, [(x, y)] * 5)
     first, state, first_losses = fo.inner_loop(loss_fn, params, tx, [(x, y)] * 2)
     resumed, resumed_state, later_losses = fo.inner_loop(loss_fn, first, tx, [(x, y)] * 3, state=state)
-    assert int(resumed_state.step["w"]) == 5
+    assert "step" not in resumed_state._fields or int(resumed_state.step["w"]) == 5
     assert_same(resumed, whole, rtol=1e-12, atol=1e-14)
     assert_same(list(resumed_state), list(whole_state), rtol=1e-12, atol=1e-14)
     assert_same(first_losses + later_losses, whole_losses, rtol=1e-12, atol=1e-14)
@@ -276,6 +278,8 @@ def test_autograd_groups_small_tensors_like_one_by_one(name, monkeypatch):
     fails), and which results record (a frozen leaf's do not). Large tensors step one by
     one (torch's foreach ops save twice the memory)."""
     skip_unless_steps_on_gradients(name)
+    if creates_at_first_step(name):
+        pytest.skip(f"{name}'s first step creates a buffer, for which each param steps by itself")
     shapes = {"small": ((4, 3), F64), "c64": ((3,), torch.complex64), "f32": ((5,), torch.float32)}
     shapes |= {"scalar": ((), F64), "large": ((130, 130), F64), "one": ((1,), F64), "frozen": ((2,), F64)}
     init = {
@@ -548,7 +552,7 @@ def test_compiled_update_with_a_skipped_param(name):
         assert comp_u["b"] is None
         assert_same(comp_u["w"], eager_u["w"], rtol=1e-5, atol=1e-6)
     assert_same(list(comp_s), list(eager_s), rtol=1e-5, atol=1e-6)
-    assert int(comp_s.step["w"]) == 4 and int(comp_s.step["b"]) == 0
+    assert "step" not in comp_s._fields or int(comp_s.step["w"]) == 4 and int(comp_s.step["b"]) == 0
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
@@ -565,7 +569,7 @@ def test_compiled_update_with_dynamic_shapes(name):
         base = problem(seed=n, dtype=torch.float32)[0]
         params = {"w": base["w"].repeat(1, n), "b": base["b"].repeat(n)}
         grads = optree.tree_map(torch.cos, params)
-        comp_s = eager_s = tx.init(params)
+        comp_s = eager_s = full_state(tx, params)
         for j in range(2):
             with torch._dynamo.config.patch(error_on_recompile=(i, j) != (0, 0)):
                 comp_u, comp_s = compiled(grads, comp_s, params)
@@ -581,7 +585,7 @@ def test_update_exports(name):
     skip_unless_steps_on_gradients(name)
     params, x, y = problem(dtype=torch.float32)
     tx = make(name, HYPER[name])
-    spec = optree.tree_structure((params, tx.init(params)))
+    spec = optree.tree_structure((params, full_state(tx, params)))
 
     class Step(torch.nn.Module):
         def forward(self, grads, *leaves):
@@ -589,7 +593,7 @@ def test_update_exports(name):
             return tx.update(grads, state, params)
 
     grads_seq = [grad(loss_fn)(params, x * (1 + i / 4), y) for i in range(4)]
-    exported_state = eager_state = tx.init(params)
+    exported_state = eager_state = full_state(tx, params)
     exported = torch.export.export(
         Step(), (grads_seq[0], *optree.tree_leaves((params, eager_state)))
     ).module()
@@ -612,7 +616,7 @@ def test_update_traces_with_make_fx_or_jit_trace(name, mode):
 
     params, x, y = problem(dtype=torch.float32)
     tx = make(name, HYPER[name])
-    spec = optree.tree_structure((params, params, tx.init(params)))  # grads, params, state
+    spec = optree.tree_structure((params, params, full_state(tx, params)))  # grads, params, state
 
     def step(*leaves):
         grads, params, state = optree.tree_unflatten(spec, list(leaves))
@@ -621,14 +625,14 @@ def test_update_traces_with_make_fx_or_jit_trace(name, mode):
     def leaves(grads, state):
         return optree.tree_leaves((grads, params, state))
 
-    example = leaves(grad(loss_fn)(params, x, y), tx.init(params))
+    example = leaves(grad(loss_fn)(params, x, y), full_state(tx, params))
     if mode == "jit.trace":
         with warnings.catch_warnings():  # it warns of the shape checks, which hold in a trace
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             traced = torch.jit.trace(step, tuple(example), check_trace=False)
     else:
         traced = make_fx(step, tracing_mode=mode)(*example)
-    traced_state = eager_state = tx.init(params)
+    traced_state = eager_state = full_state(tx, params)
     for i in range(STEPS):
         grads = grad(loss_fn)(params, x * (1 + i / 4), y)
         updates, traced_state = optree.tree_unflatten(
@@ -701,12 +705,14 @@ def test_compiled_vmapped_step_from_a_cloned_vmapped_init(name):
     lrs = torch.linspace(0.01, 0.1, 3)
     batched = {k: v.expand(3, *v.shape).clone() for k, v in params.items()}
     state = vmap(make(name, HYPER[name]).init)(batched)
-    assert {t.stride() for t in optree.tree_leaves(state) if t.ndim == 1} == {(0,)}
+    counters = [t for t in optree.tree_leaves(state) if t.ndim == 1]
+    assert {t.stride() for t in counters} == ({(0,)} if counters else set())  # (SGD: none)
     state = optree.tree_map(torch.clone, state)
     compiled = torch.compile(vmap(step), fullgraph=True, backend="aot_eager")
     comp, eager = (batched, state), (batched, state)
+    again = 1 if creates_at_first_step(name) else 0  # a state made anew at the first step
     for i in range(3):
-        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+        with torch._dynamo.config.patch(error_on_recompile=i > again):
             comp = compiled(lrs, *comp)
         eager = vmap(step)(lrs, *eager)
     assert_same((comp[0], list(comp[1])), (eager[0], list(eager[1])), rtol=1e-5, atol=1e-6)
@@ -760,9 +766,9 @@ def test_compiled_write_back_matches_pure_steps(name, dtype):
         for old, value in zip(optree.tree_leaves((params, state)), new):
             old.view(-1).copy_(value.view(-1))
 
-    pure_p, pure_s = params, tx.init(params)
+    pure_p, pure_s = params, full_state(tx, params)
     in_place_p = {k: v.clone() for k, v in params.items()}
-    in_place_s = tx.init(in_place_p)
+    in_place_s = full_state(tx, in_place_p)
     for i in range(4):
         grads = grad(loss_fn)(pure_p, x, y)
         updates, pure_s = tx.update(grads, pure_s, pure_p)

@@ -957,6 +957,10 @@ def _assign(state: dict[str, Any], name: str, value: Any) -> None:
         and not value.is_sparse
     ):
         _copy_into(old, value)
+    elif isinstance(value, Tensor) and value.requires_grad and torch.is_grad_enabled():
+        # a new entry (SGD's momentum_buffer) of a differentiable step: a copy, which the
+        # next step may write in place, where autograd may have saved the value itself
+        state[name] = value.clone()
     else:
         state[name] = value
 

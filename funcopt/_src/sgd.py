@@ -168,3 +168,8 @@ class SGD(Optimizer):
             differentiable=differentiable,
             fused=fused,
         )
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for group in state["param_groups"]:  # an older checkpoint gets torch's SGD defaults
+            group.setdefault("fused", False)
+        super().__setstate__(state)
