@@ -47,6 +47,22 @@ nb_merge_streams = True
 # tqdm writes progress bars to stderr; keep them out of the rendered pages
 nb_output_stderr = "remove"
 
+# The API reference lists every algorithm funcopt exports, found here rather than kept by
+# hand: each class of funcopt's that subclasses fo.Optimizer, and its factory.
+algorithms = sorted(
+    name
+    for name in funcopt.__all__
+    if isinstance(getattr(funcopt, name), type)
+    and issubclass(getattr(funcopt, name), funcopt.Optimizer)
+    and getattr(funcopt, name) is not funcopt.Optimizer
+)
+entries = []
+for name in algorithms:
+    factory = next(f for f in funcopt.__all__ if f.replace("_", "") == name.lower())
+    entries += [f".. autofunction:: funcopt.{factory}", "   :no-index:", f".. autoclass:: funcopt.{name}", "   :no-index:"]
+(DOCS / "_api_algorithms.md").write_text("```{eval-rst}\n" + "\n".join(entries) + "\n```\n")
+exclude_patterns.append("_api_algorithms.md")
+
 # The tutorial notebooks live in notebooks/ (generated from examples/): copy them in.
 tutorials = DOCS / "tutorials"
 tutorials.mkdir(exist_ok=True)
