@@ -333,11 +333,17 @@ def trainable(base: list[torch.Tensor], differentiable: bool) -> list[torch.Tens
 
 
 def assert_matches_torch(
-    name: str, kwargs: dict[str, Any], base: list[torch.Tensor], grad_steps, **functional_tol: Any
+    name: str,
+    kwargs: dict[str, Any],
+    base: list[torch.Tensor],
+    grad_steps,
+    adapter_tol: dict[str, Any] | None = None,
+    **functional_tol: Any,
 ) -> None:
     """Run torch.optim.X, funcopt.X and funcopt.x side by side from the params `base`,
     one step per list of gradients in `grad_steps`; params and state must agree (the
-    functional path within `functional_tol`, default: assert_close's)."""
+    class within `adapter_tol`, the functional path within `functional_tol`, default:
+    assert_close's)."""
     ref_params = [p.clone().requires_grad_() for p in base]
     our_params = [p.clone().requires_grad_() for p in base]
     ref, ours = torch_cls(name)(ref_params, **kwargs), fo_cls(name)(our_params, **kwargs)
@@ -351,6 +357,6 @@ def assert_matches_torch(
         ours.step()
         updates, f_state = tx.update(grads, f_state, f_params)
         f_params = fo.apply_updates(f_params, updates)
-    assert_same(our_params, ref_params)
-    assert_same(ours.state_dict(), ref.state_dict())
+    assert_same(our_params, ref_params, **(adapter_tol or {}))
+    assert_same(ours.state_dict(), ref.state_dict(), **(adapter_tol or {}))
     assert_same(f_params, ref_params, **functional_tol)

@@ -41,6 +41,28 @@ def test_state_keys_and_steps_as_torch(options):
         assert isinstance(getattr(state, field)["w"], fo.MaskedNode) == (field not in expected)
 
 
+def test_complex_weight_decay_as_torch_foreach():
+    """funcopt decays a complex param's gradient on its real view (one fused multiply-add),
+    as torch's foreach step does, bit for bit; torch's single-tensor step decays it in
+    complex arithmetic (wd * p rounded, then added). Where g + wd * p cancels, the first
+    step, g / (0.1 |g| + eps), makes that one rounding visible: here within 1e-4."""
+    gen = torch.Generator().manual_seed(0)
+    base = [torch.randn(2, 2048, generator=gen, dtype=torch.complex64)]
+    g = torch.randn(2, 2048, generator=gen, dtype=torch.complex64)
+    params = {}
+    for cls, kwargs in [
+        (fo.RMSprop, {}),
+        (torch.optim.RMSprop, {"foreach": True}),
+        (torch.optim.RMSprop, {}),
+    ]:
+        p = base[0].clone().requires_grad_()
+        p.grad = g.clone()
+        cls([p], weight_decay=0.1, **kwargs).step()
+        params[cls, "foreach" in kwargs] = p.detach()
+    assert_same(params[fo.RMSprop, False], params[torch.optim.RMSprop, True], rtol=0, atol=0)
+    assert_same(params[fo.RMSprop, False], params[torch.optim.RMSprop, False], rtol=1e-4, atol=1e-4)
+
+
 def test_param_groups_with_their_own_momentum_and_centered():
     """Each group's momentum and centered decide its params' keys, as torch's
     _init_group reads them from the group, not from the constructor's defaults."""

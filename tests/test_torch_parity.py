@@ -27,6 +27,7 @@ from helpers import (
     skip_unless_steps_on_gradients,
     torch_cls,
     trainable,
+    weight_decay,
 )
 
 import funcopt as fo
@@ -129,7 +130,7 @@ def test_large_tensors_match_torch(name):
         return torch.randn(p.shape, generator=gen, dtype=p.dtype)
 
     grad_steps = [[grad(p) for p in base] for _ in range(3)]
-    assert_matches_torch(name, {"weight_decay": 0.1}, base, grad_steps)
+    assert_matches_torch(name, weight_decay(name, 0.1), base, grad_steps)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.complex64], ids=str)
@@ -160,4 +161,11 @@ def test_small_params_in_chunks_match_torch(name, dtype):
         return rand(*reversed(p.shape)).mT if p.ndim == 2 and i % 2 == 0 else rand(*p.shape)
 
     grad_steps = [[grad(i, p) for i, p in enumerate(base)] for _ in range(3)]
-    assert_matches_torch(name, {"weight_decay": 0.1}, base, grad_steps)
+    kwargs = weight_decay(name, 0.1)
+    # torch's default step decays a complex gradient in complex arithmetic, which rounds
+    # wd * p before adding it; funcopt decays the real view in one fused multiply-add, as
+    # torch's foreach step does. Where g + wd * p cancels, a step that divides it by its
+    # own size plus eps (RMSprop's first: g / (0.1 |g| + eps)) makes that ulp 6e-5 in one
+    # element; tests/test_rmsprop.py checks such steps against torch's foreach bit for bit.
+    tol = {"rtol": 1e-4, "atol": 1e-4} if dtype.is_complex and kwargs else {}
+    assert_matches_torch(name, kwargs, base, grad_steps, adapter_tol=tol, **tol)
