@@ -26,6 +26,7 @@ from helpers import (
     set_default_dtype,
     skip_unless_steps_on_gradients,
     torch_cls,
+    weight_decay,
 )
 from torch.optim import lr_scheduler
 from torch.optim.optimizer import (
@@ -617,9 +618,9 @@ def test_steps_under_another_default_device(name):
 
     def scenario(default_device):
         m = model()
-        opt = fo_cls(name)(m.parameters(), weight_decay=0.1)
+        opt = fo_cls(name)(m.parameters(), **weight_decay(name, 0.1))
         x, y = data()
-        tx = make(name, {"weight_decay": 0.1})
+        tx = make(name, weight_decay(name, 0.1))
         params = {k: v.detach().clone() for k, v in m.named_parameters()}
         state = tx.init(params)
         for _ in range(3):
@@ -664,7 +665,7 @@ def test_capturable_step_reads_nothing_on_the_host(name, monkeypatch):
     def twin_step(cls, forbid):
         torch.manual_seed(0)
         m = model()
-        opt = cls(m.parameters(), lr=0.1, weight_decay=0.1, capturable=forbid)
+        opt = cls(m.parameters(), lr=0.1, **weight_decay(name, 0.1), capturable=forbid)
         x, y = data()
         for _ in range(3):
             opt.zero_grad()
@@ -715,6 +716,8 @@ def test_differentiable_step_gradcheck(name, kwargs):
     grad = torch.rand(10, requires_grad=True, dtype=torch.float64)
     state = differentiable_state(name, p)
     kwargs = {**kwargs, "differentiable": True}
+    # only the options the class has (Rprop has no weight_decay)
+    kwargs = {k: v for k, v in kwargs.items() if k in inspect.signature(fo_cls(name)).parameters}
     torch.autograd.gradcheck(
         _diff_fn,
         (p, grad, state, fo_cls(name), kwargs, *[v for v in state.values() if v.requires_grad]),
