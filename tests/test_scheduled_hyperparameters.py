@@ -68,3 +68,32 @@ def test_range_checks_skip_schedules_only():
     with pytest.raises(ValueError, match="Invalid learning rate"):
         fo.adamax(lr=-1.0, betas=(fo.constant_schedule(0.9), 0.99))
     fo.adamax(lr=fo.constant_schedule(0.1))  # a schedule is not range-checked
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda s: fo.scale(s),
+        lambda s: fo.trace(decay=s, nesterov=True),
+        lambda s: fo.ema(decay=s),
+        lambda s: fo.scale_by_adam(b1=s),
+        lambda s: fo.scale_by_rms(decay=s),
+        lambda s: fo.clip(s),
+        lambda s: fo.clip_by_global_norm(s),
+    ],
+    ids=["scale", "trace", "ema", "scale_by_adam", "scale_by_rms", "clip", "clip_by_global_norm"],
+)
+def test_building_blocks_take_schedules(build):
+    """An optax-named building block takes a schedule for a hyperparameter optax holds
+    fixed: the same steps as inject_hyperparams, which sets it at each count."""
+    schedule = fo.linear_schedule(0.5, 0.9, 4)
+    ours, injected = build(schedule), fo.inject_hyperparams(lambda value: build(value))(value=schedule)
+    params = [torch.ones(3, dtype=torch.float64)]
+    state, injected_state = ours.init(params), injected.init(params)
+    torch.manual_seed(0)
+    for _ in range(5):
+        grads = [torch.randn(3, dtype=torch.float64)]
+        updates, state = ours.update(grads, state, params)
+        expected, injected_state = injected.update(grads, injected_state, params)
+        # inject_hyperparams holds the value as a float32 tensor, the schedule gives a double
+        torch.testing.assert_close(updates, expected, rtol=1e-5, atol=1e-7)

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from .base import GradientTransformation, Params, State, Updates, empty_init, flatten_together, real_dtype
+from .wrappers import accepts_schedules
 
 Scalar = float | Tensor
 """A hyperparameter: a Python number or a 0-d tensor."""
@@ -42,6 +43,7 @@ def _check_nonnegative(name: str, value: Scalar) -> None:
         raise ValueError(f"{name} must be non-negative, got {value}")
 
 
+@accepts_schedules
 def clip(max_delta: Scalar) -> GradientTransformation:
     """Clip the updates elementwise to ``[-max_delta, max_delta]`` (optax's ``clip``).
 
@@ -66,6 +68,7 @@ def _clip_update(
     return map_updates(one, updates), state
 
 
+@accepts_schedules
 def clip_by_global_norm(max_norm: Scalar) -> GradientTransformation:
     """Scale the updates so that their global L2 norm is at most `max_norm`.
 
@@ -109,6 +112,7 @@ def _clip_by_global_norm_update(
     return unflatten(clipped), state
 
 
+@accepts_schedules
 def clip_by_block_rms(threshold: Scalar) -> GradientTransformation:
     """Scale each leaf of the updates (a block: a weight vector or matrix) so that its
     root mean square is at most `threshold` (optax's ``clip_by_block_rms``).
@@ -153,6 +157,7 @@ def unitwise_norm(t: Tensor, axis: int | tuple[int, ...] | None = None) -> Tenso
     return torch.linalg.vector_norm(t, dim=axis, keepdim=True)
 
 
+@accepts_schedules
 def adaptive_grad_clip(
     clipping: Scalar, eps: Scalar = 1e-3, axis: int | tuple[int, ...] | None = None
 ) -> GradientTransformation:

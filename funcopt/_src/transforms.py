@@ -33,6 +33,7 @@ from .base import (
 )
 from .clipping import Scalar, abs_sq, adaptive_grad_clip, clip, clip_by_block_rms, coef, map_updates
 from .masking import masked
+from .wrappers import accepts_schedules
 
 __all__ = [
     "EmaState",
@@ -174,6 +175,7 @@ def _scale_update(
     return map_updates(lambda u: coef(step_size, u) * u, updates), state
 
 
+@accepts_schedules
 def scale(step_size: Scalar) -> GradientTransformation:
     """Multiply the updates by `step_size` (optax's ``scale``).
 
@@ -401,6 +403,7 @@ def _trace_update(
     return unflatten(out), TraceState(unflatten(new))
 
 
+@accepts_schedules
 def trace(
     decay: Scalar, nesterov: bool = False, accumulator_dtype: torch.dtype | None = None
 ) -> GradientTransformation:
@@ -459,6 +462,7 @@ def _ema_update(
     return unflatten(out), EmaState(count, unflatten(new))
 
 
+@accepts_schedules
 def ema(
     decay: Scalar, debias: bool = True, accumulator_dtype: torch.dtype | None = None
 ) -> GradientTransformation:
@@ -530,6 +534,7 @@ def _adam_update(
     return unflatten(out), ScaleByAdamState(count, unflatten(new_m), unflatten(new_v))
 
 
+@accepts_schedules
 def scale_by_adam(
     b1: Scalar = 0.9,
     b2: Scalar = 0.999,
@@ -618,6 +623,7 @@ def _rms_update(
     return unflatten(out), ScaleByRmsWithCountState(count, unflatten(new))
 
 
+@accepts_schedules
 def scale_by_rms(
     decay: Scalar = 0.9,
     eps: Scalar = 1e-8,

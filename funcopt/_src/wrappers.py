@@ -777,6 +777,24 @@ def with_schedules(
     )
 
 
+def accepts_schedules(
+    factory: Callable[..., GradientTransformation],
+) -> Callable[..., GradientTransformation]:
+    """`factory`, with any of its hyperparameters given as a schedule (see
+    `with_schedules`): ``fo.scale_by_adam(b1=fo.linear_schedule(0.8, 0.9, 100))``."""
+    signature = inspect.signature(factory)
+
+    @functools.wraps(factory)
+    def build(*args: Any, **kwargs: Any) -> GradientTransformation:
+        hyperparams = signature.bind(*args, **kwargs).arguments
+        if not any(has_schedule(v) for v in hyperparams.values()):
+            return factory(**hyperparams)
+        # the state refers to `build` (which pickles by its name), not to `factory`
+        return with_schedules(build, hyperparams)
+
+    return build
+
+
 def _scheduled_init(
     factory: Callable[..., GradientTransformation],
     fixed: dict[str, Any],
