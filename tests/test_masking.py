@@ -8,7 +8,7 @@ import io
 import optree
 import pytest
 import torch
-from helpers import ALGORITHMS, assert_same, compiled_and_eager_steps, factory, run, torch_cls
+from helpers import ALGORITHMS, assert_same, compiled_and_eager_steps, factory, run, torch_cls, weight_decay
 from torch.func import vmap
 
 import funcopt as fo
@@ -43,7 +43,7 @@ def torch_groups(name, params, grads_seq):
     tensors = [v.clone().requires_grad_() for v in values]
     opt = torch_cls(name)(
         [
-            {"params": [t for t in tensors if t.ndim > 1], "lr": 0.05, "weight_decay": 0.1},
+            {"params": [t for t in tensors if t.ndim > 1], "lr": 0.05, **weight_decay(name, 0.1)},
             {"params": [t for t in tensors if t.ndim <= 1]},
         ]
     )
@@ -56,12 +56,12 @@ def torch_groups(name, params, grads_seq):
 
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_partition_equals_torch_param_groups(name):
-    """A learning rate and weight decay of their own for the weights, as two torch param
-    groups."""
+    """A learning rate and weight decay (where the algorithm has one) of their own for
+    the weights, as two torch param groups."""
     params = model_params()
     grads_seq = gradient_sequence(params)
     tx = fo.partition(
-        {"decay": factory(name)(lr=0.05, weight_decay=0.1), "no_decay": factory(name)()}, by_rank
+        {"decay": factory(name)(lr=0.05, **weight_decay(name, 0.1)), "no_decay": factory(name)()}, by_rank
     )
     new, _ = run(tx, params, grads_seq)
     assert_same(new, torch_groups(name, params, grads_seq), rtol=1e-6, atol=1e-7)
@@ -72,10 +72,11 @@ def test_chain_of_complementary_masks_equals_partition(name):
     params = model_params()
     grads_seq = gradient_sequence(params)
     chained = fo.chain(
-        fo.masked(factory(name)(weight_decay=0.1), is_weight),
+        fo.masked(factory(name)(**weight_decay(name, 0.1)), is_weight),
         fo.masked(factory(name)(), lambda tree: optree.tree_map(lambda w: not w, is_weight(tree))),
     )
-    parted = fo.partition({"decay": factory(name)(weight_decay=0.1), "no_decay": factory(name)()}, by_rank)
+    decay = factory(name)(**weight_decay(name, 0.1))
+    parted = fo.partition({"decay": decay, "no_decay": factory(name)()}, by_rank)
     assert_same(run(chained, params, grads_seq)[0], run(parted, params, grads_seq)[0], rtol=0, atol=0)
 
 
