@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 from collections.abc import Collection
 from typing import Any
@@ -162,17 +163,23 @@ def weight_decay(name: str, value: float) -> dict[str, float]:
 def algorithm(name: str) -> Algorithm | None:
     """The engine's `Algorithm` of the class `name` (its flags: needs_params, counters,
     per_element, ...), or None for a class off the engine (LBFGS)."""
-    transform = getattr(fo_cls(name)([torch.zeros(1, requires_grad=True)]), "_transform", None)
+    # a matrix: Muon's class takes 2-D params only
+    transform = getattr(fo_cls(name)([torch.zeros(2, 2, requires_grad=True)]), "_transform", None)
     return transform if isinstance(transform, Algorithm) else None
+
+
+def needs_params(name: str) -> bool:
+    """Whether `name`'s update reads the params beyond weight decay (Algorithm.needs_params:
+    ASGD's average, Adafactor's step size): then ``update(grads, state)`` is refused."""
+    algo = algorithm(name)
+    return algo is not None and algo.needs_params
 
 
 def skip_if_needs_params(name: str) -> None:
     """Skip the calling test, which updates without the params, for an algorithm whose
-    math reads them (Algorithm.needs_params: ASGD's average, Adafactor's step size):
-    its update refuses that by design (tests/test_asgd.py and test_adafactor.py check the
-    message)."""
-    algo = algorithm(name)
-    if algo is not None and algo.needs_params:
+    math reads them (`needs_params`): its update refuses that by design
+    (tests/test_asgd.py and test_adafactor.py check the message)."""
+    if needs_params(name):
         pytest.skip(f"{name}'s update reads the params (needs_params): it refuses an update without them")
 
 
@@ -204,6 +211,70 @@ def skip_without_counters(state: Any) -> None:
     """Skip a test of step counters for an algorithm whose state has none (SGD)."""
     if "step" not in state._fields:
         pytest.skip(f"{type(state).__name__} has no step counter (as torch's state has none)")
+
+
+# -- what a class supports, for the shared suites to skip or adapt what it does not -----
+
+
+def supports_complex(name: str) -> bool:
+    """Whether torch's class steps complex params (its OptimizerInfo's supports_complex;
+    Adafactor and Muon refuse them at the step)."""
+    return INFOS[name].supports_complex
+
+
+def takes(name: str, arg: str) -> bool:
+    """Whether the class's constructor takes `arg`, as torch's does (torch's Adafactor
+    has no differentiable or capturable switch, Muon no switch and no maximize)."""
+    return arg in inspect.signature(fo_cls(name)).parameters
+
+
+@functools.cache
+def matrices_only(name: str) -> bool:
+    """Whether torch's class steps 2-D params only (Muon: it refuses others at
+    construction)."""
+    try:
+        torch_cls(name)([torch.nn.Parameter(torch.zeros(2))])
+    except ValueError:
+        return True
+    return False
+
+
+def skip_unsupported(
+    name: str, *, complex: bool = False, vectors: bool = False, flags: Collection[str] = ()
+) -> None:
+    """Skip a test that needs what torch's class `name` does not support either: complex
+    params, params that are not matrices (vectors, 0-d; the test's fixture has some), one
+    of torch's switches (differentiable, capturable, foreach)."""
+    if complex and not supports_complex(name):
+        pytest.skip(f"{name} does not support complex params (supports_complex, as torch's)")
+    if vectors and matrices_only(name):
+        pytest.skip(f"{name} steps 2-D params only (as torch's); tests/test_{name.lower()}.py covers it")
+    for flag in flags:
+        if not takes(name, flag):
+            pytest.skip(f"{name} has no {flag} switch (as torch's)")
+
+
+def matrices_for(name: str, tree: Any) -> Any:
+    """A fixture's tensors as `name` steps them: for a class that steps matrices only
+    (Muon), each vector as a row ``(1, n)`` and each 0-d tensor as ``(1, 1)`` (a bias
+    broadcasts the same); else the tree itself."""
+    if not matrices_only(name):
+        return tree
+    return optree.tree_map(
+        lambda t: t if not isinstance(t, torch.Tensor) or t.dim() == 2 else t.reshape(1, -1),
+        tree,
+        none_is_leaf=True,
+    )
+
+
+def supported(name: str, params: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The params of a fixture that `name` steps: its matrices only where it steps no
+    other, its real ones where it steps no complex ones."""
+    return [
+        p
+        for p in params
+        if (p.dim() == 2 or not matrices_only(name)) and (not p.is_complex() or supports_complex(name))
+    ]
 
 
 def optim_inputs(name: str, with_flags: bool = True) -> list[tuple[str, dict[str, Any]]]:
