@@ -8,23 +8,30 @@ import inspect
 import math
 import re
 
+import optree
 import pytest
 import torch
 from helpers import (
     ALGORITHMS,
     HYPER,
     INFOS,
+    algorithm,
     assert_same,
     factory,
     fo_cls,
     full_state,
     kwargs_of,
     make,
+    matrices_only,
+    needs_params,
     skip_if_closure_required,
     skip_unless_steps_on_gradients,
+    skip_unsupported,
     torch_cls,
     trainable,
+    weight_decay,
 )
+from torch.overrides import TorchFunctionMode
 from torch.testing._internal.common_optimizers import OptimizerErrorEnum
 
 import funcopt as fo
@@ -96,7 +103,7 @@ BAD_CASES = [
 def test_out_of_range_hyperparameter(name, key, value):
     """Out-of-range values: the same exception (type and message) as torch, or none if
     torch accepts the value; the functional factory raises the same for Python numbers."""
-    params = [torch.nn.Parameter(torch.randn(2))]
+    params = [torch.nn.Parameter(torch.randn(2, 2) if matrices_only(name) else torch.randn(2))]
     expected = _outcome(lambda: torch_cls(name)(params, **{key: value}))
     assert _outcome(lambda: fo_cls(name)(params, **{key: value})) == expected
     assert _outcome(lambda: factory(name)(**{key: value})) == expected
@@ -199,8 +206,8 @@ def test_update_with_wrong_state():
 def _test_values(name):
     """`name`'s test hyperparameters (SGD's with momentum: a state with buffers), without
     weight decay (so an update may omit the params, and a differentiable step's state
-    does not record the params)."""
-    return {k: v for k, v in HYPER[name].items() if k != "weight_decay"}
+    does not record the params): zero where the default is not (Muon's 0.1)."""
+    return {**{k: v for k, v in HYPER[name].items() if k != "weight_decay"}, **weight_decay(name, 0.0)}
 
 
 def _with_buffers(name):
@@ -210,14 +217,20 @@ def _with_buffers(name):
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_update_with_mismatched_shapes(name):
     """A gradient or a state that would broadcast against its param raises, instead of
-    silently giving the update, the state and then the param another shape."""
+    silently giving the update, the state and then the param another shape. Buffers not
+    shaped like their param (Adafactor's) are checked by the algorithm, which names them
+    and the shapes it expects."""
     skip_if_closure_required(name)
+    skip_unsupported(name, vectors=True)
     params = {"a": torch.randn(3), "b": torch.randn(2)}
     tx = _with_buffers(name)
     state = full_state(tx, params)
     with pytest.raises(ValueError, match=r"leaf 0 differ \(gradient \(1,\), param \(3,\)"):
         tx.update({"a": torch.randn(1), "b": torch.randn(2)}, state, params)
-    with pytest.raises(ValueError, match=r"leaf 0 differ \(gradient \(1,\), param \(1,\), \w+ \(3,\)"):
+    match = r"leaf 0 differ \(gradient \(1,\), param \(1,\), \w+ \(3,\)"
+    if not algorithm(name).buffers_like_param:
+        match = r"gradient of shape \(1,\) needs .*\(1,\) but the state has .*\(3,\).*a state that init made"
+    with pytest.raises(ValueError, match=match):
         small = {"a": torch.randn(1), "b": torch.randn(1)}
         tx.update(small, state, small)
 
@@ -227,13 +240,16 @@ def test_update_with_mismatched_dtypes(name):
     """A gradient of another dtype than its param raises an error naming the leaf and the
     dtypes, rather than one from inside the math that names no tensor."""
     skip_if_closure_required(name)
-    params = {"a": torch.randn(3), "b": torch.randn(2)}
+    shape = (1,) if matrices_only(name) else ()  # Muon's params are matrices
+    params = {"a": torch.randn(3, *shape), "b": torch.randn(2, *shape)}
     tx = _with_buffers(name)
-    grads = {"a": torch.randn(3), "b": torch.randn(2, dtype=torch.float64)}
+    grads = {"a": torch.randn(3, *shape), "b": torch.randn(2, *shape, dtype=torch.float64)}
     with pytest.raises(
         ValueError, match=r"dtypes of leaf 1 differ \(gradient float64, param float32, \w+ float32"
     ):
         tx.update(grads, full_state(tx, params), params)
+    if needs_params(name):  # an update without the params is refused (test_functional)
+        return
     with pytest.raises(ValueError, match=r"dtypes of leaf 1 differ \(gradient float64, \w+ float32"):
         tx.update(grads, full_state(tx, params))
 
@@ -242,26 +258,73 @@ def test_update_with_mismatched_dtypes(name):
 def test_update_with_tensors_on_different_devices(name):
     """A gradient, or a state buffer, on another device than its param raises an error
     naming the leaf and the devices (torch's own names no tensor); the meta device
-    stands in for a GPU."""
+    stands in for a GPU, where it can (`_raises_naming_devices`)."""
     skip_if_closure_required(name)
-    if name == "SGD":
-        pytest.skip(
-            "the meta device is no stand-in here: torch's foreach ops, which SGD's grouped step "
-            "meets first, silently skip a meta tensor among CPU ones (a GPU tensor raises)"
-        )
-    params = {"a": torch.randn(3), "b": torch.randn(2)}
+    shape = (1,) if matrices_only(name) else ()  # Muon's params are matrices
+    params = {"a": torch.randn(3, *shape), "b": torch.randn(2, *shape)}
     tx = _with_buffers(name)
     state = full_state(tx, params)
-    grads = {"a": torch.randn(3), "b": torch.randn(2, device="meta")}
-    with pytest.raises(
-        ValueError, match=r"leaf 1 are on different devices \(gradient meta, param cpu, \w+ cpu"
-    ):
-        tx.update(grads, state, params)
-    k = next(j for j, field in enumerate(state) if field["a"].dim() > 0)  # a buffer, not a counter
+    grads = {"a": torch.randn(3, *shape), "b": torch.randn(2, *shape, device="meta")}
+    _raises_naming_devices(
+        lambda: tx.update(grads, state, params),
+        r"leaf 1 are on different devices \(gradient meta, param cpu, \w+ cpu",
+    )
+    # a buffer, not a counter (nor an entry the param has not: Adafactor's row_var of a vector)
+    k = next(j for j, field in enumerate(state) if torch.is_tensor(field["a"]) and field["a"].dim() > 0)
     buffer = state[k]
     moved = state._replace(**{state._fields[k]: {"a": buffer["a"].to("meta"), "b": buffer["b"]}})
-    with pytest.raises(ValueError, match=rf"leaf 0 are on different devices \(.*{state._fields[k]} meta"):
-        tx.update({"a": torch.randn(3), "b": torch.randn(2)}, moved, params)
+    _raises_naming_devices(
+        lambda: tx.update({"a": torch.randn(3, *shape), "b": torch.randn(2, *shape)}, moved, params),
+        rf"leaf 0 are on different devices \(.*{state._fields[k]} meta",
+    )
+
+
+def _tensors(x):
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):  # a TensorList too, which optree takes for a leaf
+        return [t for y in x for t in _tensors(y)]
+    return [t for y in x.values() for t in _tensors(y)] if isinstance(x, dict) else []
+
+
+class _MetaIntoHost(TorchFunctionMode):
+    """Records the in-place ops that write into a CPU tensor from a meta one, which torch
+    skips silently (``x.add_(meta)``, ``torch._foreach_add_``, ``_foreach_copy_``): from a
+    GPU tensor such an op raises, or copies."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        op = getattr(func, "__name__", "")
+        written, read = _tensors(args[:1]), _tensors([args[1:], kwargs])
+        in_place = op.endswith("_") and not op.endswith("__")
+        if in_place and any(not t.is_meta for t in written) and any(t.is_meta for t in read):
+            self.ops.append(op)
+        return func(*args, **kwargs)
+
+
+def _raises_naming_devices(update, match):
+    """`update()` raises a ValueError that matches `match`; the test skips where it did not
+    raise because torch silently skipped an op that reads the meta tensor (SGD's and
+    ASGD's steps add the gradient in place; the eager path copies a buffer into fresh
+    memory): there the meta device is no stand-in for a GPU."""
+    spy = _MetaIntoHost()
+    try:
+        with spy:
+            update()
+    except ValueError as error:
+        assert re.search(match, str(error)), f"{error!r} does not match {match!r}"
+        return
+    if spy.ops:
+        pytest.skip(
+            f"the meta device is no stand-in here: this step meets torch's {spy.ops[0]}, which silently "
+            "skips a meta tensor written into a CPU one (a GPU tensor raises or is copied), before "
+            "any op that raises"
+        )
+    pytest.fail(f"DID NOT RAISE a ValueError matching {match!r}")
 
 
 @dataclasses.dataclass
@@ -526,6 +589,7 @@ def _stepped_optimizer(name, path, shapes=((200, 200), (5,))):
         pytest.skip(f"{name} has no differentiable step, as torch's")
     if path == "chain" and sparse:
         pytest.skip(f"{name} takes sparse gradients only, which clip_by_global_norm does not")
+    skip_unsupported(name, vectors=True)
     params = trainable([torch.randn(s) for s in shapes], path == "differentiable")
     for p in params:
         p.grad = torch.randn_like(p).to_sparse() if sparse else torch.randn_like(p)
@@ -540,7 +604,10 @@ def _stepped_optimizer(name, path, shapes=((200, 200), (5,))):
 
 
 def _snapshot(opt, params):
-    return [p.detach().clone() for p in params], copy.deepcopy(opt.state_dict()["state"])
+    """Copies of the params and of the state's values (detached: a differentiable step's
+    state may record the params, as ASGD's ax does, as torch's)."""
+    state = optree.tree_map(lambda v: v.detach() if torch.is_tensor(v) else v, opt.state_dict()["state"])
+    return [p.detach().clone() for p in params], copy.deepcopy(state)
 
 
 PATHS = ["in place", "differentiable", "chain"]
@@ -589,8 +656,15 @@ def test_param_resized_after_a_step(name, path, stale_grad):
     before = _snapshot(opt, params)
     match = (
         r"a param of shape \(400, 100\) has (a gradient of shape \(200, 200\), )?\w+ of shape \(200, 200\)"
+        r".*`del optimizer.state\[param\]`"
     )
-    with pytest.raises(ValueError, match=match + r".*`del optimizer.state\[param\]`"):
+    if not algorithm(name).buffers_like_param:  # checked by the algorithm (Adafactor's row_var)
+        match = (
+            r"a param of shape \(400, 100\) has a gradient of shape \(200, 200\)"
+            if stale_grad
+            else r"a gradient of shape \(400, 100\) needs .* \(200, 1\).*`del optimizer.state\[param\]`"
+        )
+    with pytest.raises(ValueError, match=match):
         opt.step()
     assert_same(_snapshot(opt, params), before)
     for p in params:
@@ -599,7 +673,7 @@ def test_param_resized_after_a_step(name, path, stale_grad):
     opt.step()
     for p in params:
         buffers = [t for t in opt.state[p].values() if torch.is_tensor(t) and t.dim()]
-        assert buffers and all(t.shape == p.shape for t in buffers)
+        assert buffers and all(t.shape == p.shape or not algorithm(name).buffers_like_param for t in buffers)
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
@@ -613,7 +687,7 @@ def test_model_converted_after_a_step(name):
 
     def run(lib, attempt=True):
         torch.manual_seed(0)
-        model = torch.nn.Linear(3, 2)
+        model = torch.nn.Linear(3, 2, bias=not matrices_only(name))  # Muon steps no bias
         params = list(model.parameters())
         opt = getattr(lib, name)(params, lr=0.1)
         gen = torch.Generator().manual_seed(1)
@@ -693,6 +767,8 @@ def test_load_state_that_does_not_fit(name, path, source):
     else:
         other, _ = _stepped_optimizer(name, path, shapes=((5,), (200, 200)))
         match = "has shape \\(5,\\) but its param has shape \\(200, 200\\)"
+        if not algorithm(name).buffers_like_param:  # Adafactor: a matrix has other entries than a vector
+            match = "loaded state of a param of shape \\(200, 200\\) has no entry"
     before = _snapshot(opt, params)
     with pytest.raises(ValueError, match=match):
         opt.load_state_dict(other.state_dict())
@@ -710,7 +786,7 @@ def test_load_state_dict_of_something_else(name, tmp_path):
     functional = factory(name)().init([p.detach() for p in params])
     cases = [
         (str(tmp_path / "optimizer.pt"), TypeError, "got the path .*optimizer.pt.*torch.load\\(path\\)"),
-        (functional, TypeError, f"got an? {name}State: a functional state .* docs/checkpoints.md"),
+        (functional, TypeError, f"got an? {name}State: write a functional state .*load_functional_state.*"),
         (3, TypeError, "state_dict\\(\\) returns, but got an int$"),
         (model.state_dict(), KeyError, "no 'param_groups' entry.*'weight', 'bias'.*model's state_dict"),
         ({"optimizer": opt.state_dict()}, KeyError, "no 'param_groups' entry.*'optimizer'.*whole checkpoint"),
