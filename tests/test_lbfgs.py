@@ -415,13 +415,16 @@ def test_gradient_through_a_fit(line_search_fn):
 
 
 def test_compiled_update_compiles_once():
+    """One graph, and the eager update's params and state: also the state's flat vectors,
+    laid out alike (a dict whose insertion order is not optree's sorted order, which
+    Dynamo's tree_map would follow)."""
     import torch._dynamo
 
     A, b = batch_of_least_squares(batch=1, dtype=torch.float32)
     A, b = A[0], b[0]
 
     def value_fn(ps):
-        return 0.5 * (A @ ps["w"] - b).pow(2).sum()
+        return 0.5 * (A[:, :2] @ ps["w"] + A[:, 2] * ps["b"] - b).pow(2).sum()
 
     tx = fo.lbfgs(max_iter=3, history_size=2)
 
@@ -432,7 +435,8 @@ def test_compiled_update_compiles_once():
 
     torch._dynamo.reset()
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
-    eager = got = ({"w": torch.zeros(3)}, tx.init({"w": torch.zeros(3)}))
+    init = {"w": torch.zeros(2), "b": torch.zeros(())}
+    eager = got = (init, tx.init(init))
     for i in range(3):
         eager = step(*eager)
         with torch._dynamo.config.patch(error_on_recompile=i > 0):

@@ -29,12 +29,13 @@ import itertools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
+import optree
 import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT, _to_scalar
 
 from .algorithm import Bound, check_param
-from .base import GradientTransformation, Params, a_kind, flatten_together, tracing
+from .base import GradientTransformation, Params, a_kind, tracing
 
 _LR = Bound("lr", "Invalid learning rate: {}")
 """torch's range check of the learning rate."""
@@ -946,7 +947,7 @@ def _lbfgs(**hyperparams: Any) -> GradientTransformation:
 def _init(hyperparams: dict[str, Any], params: Params) -> LBFGSState:
     """`lbfgs`'s init: zero vectors and buffers, made from the params."""
     history_size = hyperparams["history_size"]
-    (leaves,), _ = flatten_together(params)
+    leaves, _ = _flatten(params)
     for i, p in enumerate(leaves):
         if p is not None:
             check_param("LBFGS", i, p)
@@ -995,9 +996,15 @@ def _update(
         )
     if not isinstance(state, LBFGSState):
         raise TypeError(f"LBFGS update: state must be an LBFGSState (from init); got {a_kind(state)}")
-    (p_all, g_all), rebuild = flatten_together(
-        params, grads, names=("LBFGS update: params", "grads"), hint="Pass the gradients of these params."
-    )
+    p_all, treedef = _flatten(params)
+    try:
+        g_all = treedef.flatten_up_to(grads)
+    except ValueError as e:
+        raise ValueError(
+            f"LBFGS update: grads does not have the structure of params ({e}). Pass the gradients "
+            "of these params."
+        ) from None
+    rebuild = treedef.unflatten
     present = [i for i, p in enumerate(p_all) if p is not None]  # None: no param there
     p_leaves, g_leaves = [p_all[i] for i in present], [g_all[i] for i in present]
     for i, g in zip(present, g_leaves):
@@ -1038,6 +1045,14 @@ def _update(
     _run(S, point, st, S.number(loss), flat_grad, **hyperparams)
     # every param moves (along the direction, which mixes in what the history holds)
     return put_back([new - p for p, new in zip(p_leaves, point.params)]), _state_from(st, state)
+
+
+def _flatten(params: Params) -> tuple[list[Any], Any]:
+    """The leaves of `params` in optree's order (dict keys sorted), also under
+    torch.compile, whose fast ``tree_map`` visits dicts in insertion order: the flat
+    vectors of a state must lay the params out alike in eager and compiled updates."""
+    leaves, treedef = optree.tree_flatten(params, none_is_leaf=True)
+    return leaves, treedef
 
 
 _ENTRIES = ("func_evals", "n_iter", "d", "t", "H_diag", "prev_flat_grad", "prev_loss")
