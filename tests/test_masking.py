@@ -8,7 +8,16 @@ import io
 import optree
 import pytest
 import torch
-from helpers import ALGORITHMS, assert_same, compiled_and_eager_steps, factory, run, torch_cls, weight_decay
+from helpers import (
+    ALGORITHMS,
+    assert_same,
+    compiled_and_eager_steps,
+    factory,
+    run,
+    skip_unless_steps_on_gradients,
+    torch_cls,
+    weight_decay,
+)
 from torch.func import vmap
 
 import funcopt as fo
@@ -58,6 +67,7 @@ def torch_groups(name, params, grads_seq):
 def test_partition_equals_torch_param_groups(name):
     """A learning rate and weight decay (where the algorithm has one) of their own for
     the weights, as two torch param groups."""
+    skip_unless_steps_on_gradients(name)
     params = model_params()
     grads_seq = gradient_sequence(params)
     tx = fo.partition(
@@ -69,6 +79,7 @@ def test_partition_equals_torch_param_groups(name):
 
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_chain_of_complementary_masks_equals_partition(name):
+    skip_unless_steps_on_gradients(name)
     params = model_params()
     grads_seq = gradient_sequence(params)
     chained = fo.chain(
