@@ -376,13 +376,17 @@ class Optimizer(torch.optim.Optimizer):
         in step, because torch.compile drops a traced step's writes to the optimizer's
         attributes (torch 2.13), and runs this method eagerly."""
         self._opt_called = True
+        # torch keeps no entry for a param with no state (SGD without momentum, until the
+        # step creates its buffer): nothing to make, at every step
+        algorithm = self._transform
+        stateless = isinstance(algorithm, Algorithm) and algorithm.stateless(self.defaults)
         for p in group["params"]:
             if p.grad is not None:
                 params.append(p)
                 grads.append(p.grad)
-                if not self.state.get(p):
+                if not stateless and not self.state.get(p):
                     new = self._new_state(p, group)
-                    if new:  # torch keeps no entry for a param with no state (SGD without momentum)
+                    if new:
                         self.state[p].update(new)
         return len({id(p) for p in params}) != len(params)
 
@@ -601,6 +605,7 @@ def _step_in_place(
     lists: dict[Any, list[list[Tensor]]] = {}  # (values, dtype, device, absent) -> tensors (GPUs)
     rows = []  # every check comes before any param changes
     fields = _fields(algorithm, hyperparams)
+    creating = algorithm.creating(hyperparams)
     for p, g, state in zip(params, grads, states):
         if g.is_sparse:
             algorithm.check_sparse_grad(hyperparams)
@@ -629,7 +634,7 @@ def _step_in_place(
         is_complex = p.is_complex()
         if is_complex:
             p, g, buffers = as_real(p), as_real(g), [as_real(b) for b in buffers]
-        if not algorithm.per_element or algorithm.creating(hyperparams, buffers):  # by itself
+        if not algorithm.per_element or creating(buffers):  # by itself
             new = inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
             for name, old, value in zip(algorithm.buffer_fields, buffers, new):
                 if old is None and value is not None:  # created (SGD's momentum_buffer)
@@ -878,8 +883,9 @@ def _what(value: Any) -> str:
         return f"the path {os.fspath(value)!r}: pass the dict saved there, torch.load(path)"
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # a functional state
         return (
-            f"{a_kind(value)}: a functional state becomes torch's per-param dicts by indexing "
-            "its fields (see 'The functional state' in docs/checkpoints.md)"
+            f"{a_kind(value)}: write a functional state into the optimizer with "
+            "fo.load_functional_state(optimizer, state, params) (see 'The functional state' in "
+            "docs/checkpoints.md)"
         )
     return a_kind(value)
 

@@ -400,6 +400,7 @@ class Algorithm:
         # the previous leaf's counters, their schedule, and whether its coefficients are numbers
         last: tuple[tuple[Any, ...], Any, bool] | None = None
         by_value: dict[Any, Any] = {}  # readable counters' values -> their schedule
+        creating = self.creating(hyperparams)
         lists: dict[Any, tuple[Any, list[int], list[list[Any]]]] = {}  # groups of leaves, by coefficients
         updates: list[Tensor | None] = []
         for i, (p, g) in enumerate(zip(p_leaves, g_leaves)):
@@ -434,7 +435,7 @@ class Algorithm:
                 if t is not None and (t.shape != g.shape or t.dtype != g.dtype):
                     raise self._mismatch_error(i, p, g, buffers)
             # a param with a buffer to create, or whose math looks across elements, steps by itself
-            alone = not self.per_element or self.creating(hyperparams, buffers)
+            alone = not self.per_element or creating(buffers)
             # Without params the math never reads p: only weight decay does, and `update`
             # refuses it without params. The in-place paths then take p as None.
             like = g if p is None else p  # what the update is shaped and typed like
@@ -480,12 +481,19 @@ class Algorithm:
                     column[i] = MaskedNode() if values is None else values[j]
         return updates, new_columns
 
-    def creating(self, hyperparams: Hyperparams, buffers: Sequence[Tensor | None]) -> bool:
-        """Whether the math creates one of these buffers (absent, and named by `creates`)."""
-        if all(b is not None for b in buffers):
-            return False
+    def creating(self, hyperparams: Hyperparams) -> Callable[[Sequence[Tensor | None]], bool]:
+        """A test of a param's buffers: whether the math creates one of them (absent, and
+        named by `creates` for these hyperparameters)."""
         creates = self.creates(**hyperparams)
-        return any(b is None and name in creates for name, b in zip(self.buffer_fields, buffers))
+        if not creates:
+            return lambda buffers: False
+        return lambda buffers: any(
+            b is None and name in creates for name, b in zip(self.buffer_fields, buffers)
+        )
+
+    def stateless(self, hyperparams: Hyperparams) -> bool:
+        """Whether a param's state is empty at first (SGD's: no counters, its buffer absent)."""
+        return not self.counters and all(v is None for v in self.initial(**hyperparams))
 
     def optional(self, hyperparams: Hyperparams) -> tuple[str, ...]:
         """The buffers that a param's state may lack for these hyperparameters: absent at
