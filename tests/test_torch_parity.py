@@ -25,6 +25,8 @@ from helpers import (
     optim_inputs,
     skip_if_closure_required,
     skip_unless_steps_on_gradients,
+    skip_unsupported,
+    supported,
     torch_cls,
     trainable,
     weight_decay,
@@ -66,7 +68,7 @@ def test_matches_torch(name, desc, kwargs, dtype, path):
     if dtype.is_complex and not INFOS[name].supports_complex:
         pytest.skip(f"{name} refuses complex params, as torch's (test_errors checks torch's error)")
     sparse = INFOS[name].only_supports_sparse_grads  # then the gradients hold about half the entries
-    base = make_params(dtype)
+    base = supported(name, make_params(dtype))  # (Muon's: the matrices)
     ref_params = trainable(base, differentiable)
     our_params = trainable(base, differentiable)
     ref = torch_cls(name)(ref_params, **kwargs)
@@ -140,6 +142,7 @@ def test_large_tensors_match_torch(name):
             return torch.randn(140, 130, generator=gen).t()
         return torch.randn(p.shape, generator=gen, dtype=p.dtype)
 
+    base = supported(name, base)  # (Adafactor's: the real ones; Muon's: the matrices)
     grad_steps = [[grad(p) for p in base] for _ in range(3)]
     assert_matches_torch(name, weight_decay(name, 0.1), base, grad_steps)
 
@@ -154,6 +157,7 @@ def test_small_params_in_chunks_match_torch(name, dtype):
     params to fill a chunk (`inplace.CHUNK`) and start another, and groups that fill
     one when they join the 1-d chunk."""
     skip_unless_steps_on_gradients(name)
+    skip_unsupported(name, complex=dtype.is_complex)
     gen = torch.Generator().manual_seed(0)
 
     def rand(*shape):
@@ -167,6 +171,7 @@ def test_small_params_in_chunks_match_torch(name, dtype):
     joining = [rand(2**i, inplace.TINY >> i) for i in range(3) for _ in range(n)]
     base = [*group, *few, *odd, rand(7), rand(), rand(1), *full, *joining]
     assert not all(p.is_contiguous() for p in group) and not any(p.is_contiguous() for p in odd)
+    base = supported(name, base)  # (Muon's: the matrices)
 
     def grad(i, p):  # every other matrix's gradient a transposed view
         return rand(*reversed(p.shape)).mT if p.ndim == 2 and i % 2 == 0 else rand(*p.shape)
