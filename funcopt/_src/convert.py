@@ -188,6 +188,7 @@ class _Face:
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
+        self.layouts: dict[Any, tuple[list[tuple[str, bool, Any]], Any]] = {}
         self.algorithm: Algorithm | None
         if isinstance(optimizer, Optimizer):
             transform = optimizer._transform
@@ -210,9 +211,13 @@ class _Face:
 
     def layout(self, group: dict[str, Any], p: Tensor) -> tuple[list[tuple[str, bool, Any]], Any]:
         """The slots of the state, and its structure with the slots as leaves, from an
-        init on one meta tensor like `p` (see ``adapter._slots``)."""
-        meta = torch.empty(p.shape, dtype=p.dtype, device="meta")
-        return _slots(self.transform(group).init({"0": meta}))
+        init on one meta tensor like `p` (see ``adapter._slots``); once per group, shape
+        and dtype."""
+        key = (id(group), p.shape, p.dtype)
+        if key not in self.layouts:
+            meta = torch.empty(p.shape, dtype=p.dtype, device="meta")
+            self.layouts[key] = _slots(self.transform(group).init({"0": meta}))
+        return self.layouts[key]
 
     def new_state(self, p: Tensor, group: dict[str, Any]) -> dict[str, Any]:
         """A param's state as the optimizer creates it at the param's first step."""
