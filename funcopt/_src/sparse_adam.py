@@ -141,7 +141,7 @@ def sparse_adam(
         >>> params = {"w": torch.tensor([1.0, -2.0, 3.0])}
         >>> tx = fo.sparse_adam(lr=0.1)
         >>> state = tx.init(params)
-        >>> grads = {"w": torch.sparse_coo_tensor([[0, 2]], [0.5, -0.5], (3,))}
+        >>> grads = {"w": torch.sparse_coo_tensor([[0, 2]], [0.5, -0.5], (3,), check_invariants=True)}
         >>> updates, state = tx.update(grads, state, params)
         >>> fo.apply_updates(params, updates)["w"], state.exp_avg["w"]
         (tensor([ 0.9000, -2.0000,  3.1000]), tensor([ 0.0500,  0.0000, -0.0500]))
