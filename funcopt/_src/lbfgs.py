@@ -36,6 +36,7 @@ from torch.optim.optimizer import ParamsT, _to_scalar
 
 from .algorithm import Bound, check_param
 from .base import GradientTransformation, Params, a_kind, tracing
+from .wrappers import has_schedule, with_schedules
 
 _LR = Bound("lr", "Invalid learning rate: {}")
 """torch's range check of the learning rate."""
@@ -732,20 +733,16 @@ class LBFGS(torch.optim.Optimizer):
         history_size: int = 100,
         line_search_fn: str | None = None,
     ) -> None:
-        if isinstance(lr, Tensor) and lr.numel() != 1:
-            raise ValueError("Tensor lr must be 1-element")
-        _LR.check({"lr": lr}, tensors=True)
-        if max_eval is None:
-            max_eval = max_iter * 5 // 4
-        defaults = {
-            "lr": lr,
-            "max_iter": max_iter,
-            "max_eval": max_eval,
-            "tolerance_grad": tolerance_grad,
-            "tolerance_change": tolerance_change,
-            "history_size": history_size,
-            "line_search_fn": line_search_fn,
-        }
+        defaults = _hyperparams(
+            lr,
+            max_iter,
+            max_eval,
+            tolerance_grad,
+            tolerance_change,
+            history_size,
+            line_search_fn,
+            tensors=True,
+        )
         super().__init__(params, defaults)
         if len(self.param_groups) != 1:
             raise ValueError("LBFGS doesn't support per-parameter options (parameter groups)")
@@ -914,25 +911,39 @@ def lbfgs(
         >>> fo.apply_updates(params, updates)["x"], int(state.func_evals)
         (tensor([ 0.6000, -0.8000]), 8)
     """
-    from .wrappers import has_schedule, with_schedules  # wrappers builds on the algorithms
+    hyperparams = _hyperparams(
+        lr, max_iter, max_eval, tolerance_grad, tolerance_change, history_size, line_search_fn, tensors=False
+    )
+    return with_schedules(_lbfgs, hyperparams)
 
-    # torch's checks at construction (of lr only: the others are used as they are)
+
+def _hyperparams(
+    lr: Any,
+    max_iter: int,
+    max_eval: int | None,
+    tolerance_grad: float | Tensor,
+    tolerance_change: float | Tensor,
+    history_size: int,
+    line_search_fn: str | None,
+    *,
+    tensors: bool,
+) -> dict[str, Any]:
+    """The hyperparameters of `lbfgs` and `LBFGS`, after torch's checks at construction
+    (of lr only: the others are used as they are; a tensor lr only if `tensors`, a
+    schedule never), with torch's default max_eval."""
     if isinstance(lr, Tensor) and lr.numel() != 1:
         raise ValueError("Tensor lr must be 1-element")
     if not has_schedule(lr):
-        _LR.check({"lr": lr}, tensors=False)
-    if max_eval is None:
-        max_eval = max_iter * 5 // 4
-    hyperparams = {
+        _LR.check({"lr": lr}, tensors=tensors)
+    return {
         "lr": lr,
         "max_iter": max_iter,
-        "max_eval": max_eval,
+        "max_eval": max_iter * 5 // 4 if max_eval is None else max_eval,
         "tolerance_grad": tolerance_grad,
         "tolerance_change": tolerance_change,
         "history_size": history_size,
         "line_search_fn": line_search_fn,
     }
-    return with_schedules(_lbfgs, hyperparams)
 
 
 def _lbfgs(**hyperparams: Any) -> GradientTransformation:
