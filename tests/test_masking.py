@@ -15,6 +15,7 @@ from helpers import (
     factory,
     run,
     skip_unless_steps_on_gradients,
+    skip_unsupported,
     torch_cls,
     weight_decay,
 )
@@ -68,6 +69,7 @@ def test_partition_equals_torch_param_groups(name):
     """A learning rate and weight decay (where the algorithm has one) of their own for
     the weights, as two torch param groups."""
     skip_unless_steps_on_gradients(name)
+    skip_unsupported(name, vectors=True)  # the biases' group
     params = model_params()
     grads_seq = gradient_sequence(params)
     tx = fo.partition(
@@ -80,6 +82,7 @@ def test_partition_equals_torch_param_groups(name):
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_chain_of_complementary_masks_equals_partition(name):
     skip_unless_steps_on_gradients(name)
+    skip_unsupported(name, vectors=True)  # the biases' group
     params = model_params()
     grads_seq = gradient_sequence(params)
     chained = fo.chain(
