@@ -18,7 +18,7 @@ from typing import Any
 import optree
 import pytest
 import torch
-from helpers import ALGORITHMS, INFOS, assert_same, factory
+from helpers import ALGORITHMS, INFOS, assert_same, factory, matrices_only
 from torch.func import grad, vmap
 
 import funcopt as fo
@@ -41,6 +41,14 @@ REQUIRED_ARGS: dict[str, Any] = {
 }
 """Values for the required arguments of factories, by argument name. A factory with a
 required argument not named here is skipped, with the reason: add its value here."""
+
+OPTIONS: dict[str, dict[str, Any]] = {
+    # Newton-Schulz in float64: in torch's bfloat16 a batched run rounds otherwise than a
+    # loop (vmap computes addmm as a product and a sum); tests/test_muon.py checks that
+    "muon": {"ns_dtype": torch.float64},
+}
+"""Options of some factories, by factory name, for results that batched and looped
+runs give alike."""
 
 
 COMBINATORS = ("masked", "partition")  # tested in COMBOS
@@ -76,7 +84,7 @@ def build(name: str) -> fo.GradientTransformation:
             f"fo.{name} needs required arguments {unknown}: add values for them to REQUIRED_ARGS "
             "if it returns a GradientTransformation"
         )
-    result = factory(**{r: REQUIRED_ARGS[r] for r in required})
+    result = factory(**{r: REQUIRED_ARGS[r] for r in required}, **OPTIONS.get(name, {}))
     if not _is_transformation(result):
         pytest.skip(f"fo.{name}(...) returns {type(result).__name__}, not a GradientTransformation")
     return result
@@ -113,14 +121,23 @@ def dtype_for(make: Callable[[], fo.GradientTransformation]) -> torch.dtype:
     return torch.float64 if info is not None and info.step_requires_closure else torch.float32
 
 
+def rows_for(make: Callable[[], fo.GradientTransformation]) -> bool:
+    """Whether the factory is of a class that steps matrices only (Muon, as torch's): its
+    params' biases are rows (1, n)."""
+    info = _info(make)
+    return info is not None and matrices_only(info.optim_cls.__name__)
+
+
 def model_params(
-    batch: int | None = None, seed: int = 0, dtype: torch.dtype = torch.float32
+    batch: int | None = None, seed: int = 0, dtype: torch.dtype = torch.float32, rows: bool = False
 ) -> dict[str, Any]:
+    """Two layers' weights and biases (each bias a row (1, n) with `rows`)."""
     g = torch.Generator().manual_seed(seed)
     lead = () if batch is None else (batch,)
+    bias = (*lead, 1, 2) if rows else (*lead, 2)
     params = {
-        "layer1": {"w": torch.randn(*lead, 3, 2, generator=g), "b": torch.randn(*lead, 2, generator=g)},
-        "layer2": {"w": torch.randn(*lead, 2, 2, generator=g), "b": torch.randn(*lead, 2, generator=g)},
+        "layer1": {"w": torch.randn(*lead, 3, 2, generator=g), "b": torch.randn(bias, generator=g)},
+        "layer2": {"w": torch.randn(*lead, 2, 2, generator=g), "b": torch.randn(bias, generator=g)},
     }
     return optree.tree_map(lambda t: t.to(dtype), params)
 
@@ -186,7 +203,7 @@ def test_state_crosses_vmap(make):
     grads: the states and updates of running each member alone."""
     skip_if_sparse_only(make)
     tx = make()
-    params = model_params(BATCH, dtype=dtype_for(make))
+    params = model_params(BATCH, dtype=dtype_for(make), rows=rows_for(make))
     state = vmap(tx.init)(params)
     assert_tensors_only(state)
     alone = [tx.init(member(params, i)) for i in range(BATCH)]
@@ -212,8 +229,8 @@ def test_state_crosses_grad(make):
     gradient through the update is autograd's."""
     skip_if_sparse_only(make)
     tx = make()
-    params = model_params(dtype=dtype_for(make))
-    grads = model_params(seed=1, dtype=dtype_for(make))
+    params = model_params(dtype=dtype_for(make), rows=rows_for(make))
+    grads = model_params(seed=1, dtype=dtype_for(make), rows=rows_for(make))
     state = tx.init(params)
     assert_tensors_only(state)
 
@@ -248,7 +265,7 @@ def test_state_crosses_compile(make):
             "of tracing at the defaults (tests/test_lbfgs.py compiles a small configuration)"
         )
     tx = make()
-    params = model_params(dtype=dtype_for(make))
+    params = model_params(dtype=dtype_for(make), rows=rows_for(make))
     g = torch.Generator().manual_seed(1)
     grads_seq = [
         optree.tree_map(lambda p: torch.randn(p.shape, generator=g, dtype=p.dtype), params) for _ in range(3)
