@@ -61,6 +61,16 @@ def skip_unless_steps_on_gradients(name: str) -> None:
         )
 
 
+def steps_on_dense_gradients(name: str) -> bool:
+    """Whether `name`'s step takes the dense gradients of a backward pass alone, as
+    torch's OptimizerInfo says: not LBFGS (its step needs a closure,
+    step_requires_closure), not SparseAdam (sparse gradients only,
+    only_supports_sparse_grads). Whether it steps params of every shape is
+    `matrices_only`."""
+    info = INFOS[name]
+    return not info.step_requires_closure and not info.only_supports_sparse_grads
+
+
 def skip_if_closure_required(name: str) -> None:
     """Skip the calling test, which steps `name` without a closure (or updates without
     the objective), where torch's OptimizerInfo says its step requires one (LBFGS)."""
@@ -248,7 +258,7 @@ def skip_unsupported(
     if complex and not supports_complex(name):
         pytest.skip(f"{name} does not support complex params (supports_complex, as torch's)")
     if vectors and matrices_only(name):
-        pytest.skip(f"{name} steps 2-D params only (as torch's); tests/test_{name.lower()}.py covers it")
+        pytest.skip(f"{name} steps 2-D params only (as torch's); this test's fixture has vectors")
     for flag in flags:
         if not takes(name, flag):
             pytest.skip(f"{name} has no {flag} switch (as torch's)")
