@@ -26,8 +26,12 @@ from helpers import (
     fo_cls,
     functional_kwargs,
     make_params,
+    skip_unless_steps_on_gradients,
+    skip_unsupported,
+    takes,
     torch_cls,
     trainable,
+    weight_decay,
 )
 from torch.func import grad, vmap
 from torch.testing._internal.common_optimizers import _get_optim_inputs_including_global_cliquey_kwargs
@@ -56,6 +60,8 @@ CASES = [(n, d, k) for n in ALGORITHMS for d, k in cuda_inputs(n)] if CUDA else 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.complex64], ids=str)
 @pytest.mark.parametrize("name,desc,kwargs", CASES, ids=[f"{n}-{d}" for n, d, _ in CASES])
 def test_matches_torch_on_cuda(name, desc, kwargs, dtype):
+    skip_unless_steps_on_gradients(name)
+    skip_unsupported(name, complex=dtype.is_complex, vectors=True)
     differentiable = kwargs.get("differentiable", False)
     if dtype.is_complex and (differentiable or kwargs.get("fused")):
         pytest.skip("torch supports neither complex differentiable nor complex fused steps")
@@ -86,6 +92,8 @@ def test_matches_torch_on_cuda(name, desc, kwargs, dtype):
 def test_checkpoint_moves_between_devices(name, source, target):
     """Trained on one device, resumed on the other: funcopt resumes as torch.optim does,
     and a checkpoint of either library loads into the other."""
+    skip_unless_steps_on_gradients(name)
+    skip_unsupported(name, vectors=True)
     gen = torch.Generator().manual_seed(0)
     base = make_params(torch.float32)
     grads = [[torch.randn(p.shape, generator=gen) for p in base] for _ in range(6)]
@@ -124,7 +132,8 @@ def loss_fn(params, x, y):
 
 def trained_loss(name, lr, data, steps=3):
     params, x, y = data
-    adapted, _, _ = fo.inner_loop(loss_fn, params, factory(name)(lr=lr, weight_decay=0.05), [(x, y)] * steps)
+    tx = factory(name)(lr=lr, **weight_decay(name, 0.05))
+    adapted, _, _ = fo.inner_loop(loss_fn, params, tx, [(x, y)] * steps)
     return loss_fn(adapted, x, y)
 
 
@@ -132,6 +141,8 @@ def trained_loss(name, lr, data, steps=3):
 def test_hypergradients_and_vmap_on_cuda_match_cpu(name):
     """grad and vmap over lr through 3 CUDA steps agree with the CPU, with the lr tensor
     on the GPU or left on the CPU (a 0-d CPU tensor mixes with CUDA tensors)."""
+    skip_unless_steps_on_gradients(name)
+    skip_unsupported(name, vectors=True)
     lr = torch.tensor(HYPER[name]["lr"], dtype=F64)
     cpu_data, cuda_data = problem("cpu"), problem("cuda")
     on_cpu = lambda lr: trained_loss(name, lr, cpu_data)  # noqa: E731
@@ -149,11 +160,13 @@ def test_autograd_steps_on_cuda_match_cpu(name):
     """Steps that plain autograd records (a MAML inner loop; small tensors step in
     groups with foreach ops, large ones one by one) and forward-mode AD with dual
     tensors through CUDA steps agree with the CPU, and a frozen leaf stays frozen."""
+    skip_unless_steps_on_gradients(name)
+    skip_unsupported(name, vectors=True)
     gen = torch.Generator().manual_seed(0)
     shapes = {"small": (4, 3), "scalar": (), "large": (130, 130), "one": (1,), "frozen": (2,)}
     init = {k: torch.randn(s, dtype=F64, generator=gen) for k, s in shapes.items()}
 
-    tx = factory(name)(lr=0.05, weight_decay=0.05)
+    tx = factory(name)(lr=0.05, **weight_decay(name, 0.05))
 
     def train(params):
         state = tx.init(params)
@@ -188,10 +201,13 @@ def test_compiled_steps_on_cuda(name):
     may move to the GPU, as torch.optim's do: Dynamo makes optimizers capturable.)"""
     import torch._dynamo
 
+    skip_unless_steps_on_gradients(name)
+    skip_unsupported(name, vectors=True)
     gen = torch.Generator().manual_seed(0)
     base = [p.cuda() for p in make_params(torch.float32)]
     grads = [[torch.randn(p.shape, generator=gen).cuda() for p in base] for _ in range(4)]
-    tx = factory(name)(weight_decay=0.05)
+    decay = weight_decay(name, 0.05)
+    tx = factory(name)(**decay)
     (comp_p, comp_s), (eager_p, eager_s) = compiled_and_eager_steps(tx, base, grads, backend="inductor")
     assert_same(comp_p, eager_p, rtol=1e-5, atol=1e-6)
     assert_same(list(comp_s), list(eager_s), rtol=1e-5, atol=1e-6)
@@ -202,8 +218,8 @@ def test_compiled_steps_on_cuda(name):
         ref_params = trainable(base, differentiable=False)
         our_params = trainable(base, differentiable=False)
         ref, ours = (
-            torch_cls(name)(ref_params, weight_decay=0.05),
-            fo_cls(name)(our_params, weight_decay=0.05),
+            torch_cls(name)(ref_params, **decay),
+            fo_cls(name)(our_params, **decay),
         )
         our_step = torch.compile(ours.step)
         for i, gs in enumerate(grads):
@@ -217,8 +233,8 @@ def test_compiled_steps_on_cuda(name):
         assert_same(on_cpu(ours), on_cpu(ref), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", [n for n in ALGORITHMS if n != "Adagrad"])  # torch's Adagrad: no capturable
-def test_capturable_step_replays_in_a_cuda_graph(name):
+@pytest.mark.parametrize("name", [n for n in ALGORITHMS if takes(n, "capturable") and n != "Adagrad"])
+def test_capturable_step_replays_in_a_cuda_graph(name):  # (torch's Adagrad takes capturable, but ignores it)
     """capturable=True promises a step that a CUDA graph can record (no host sync).
     Recorded once and replayed with new gradients, funcopt's step gives what torch's
     step gives run eagerly. (Its default step: torch's capturable NAdam computes its
@@ -252,4 +268,6 @@ def test_capturable_step_replays_in_a_cuda_graph(name):
             p.grad = g.clone()
         ref.step()
     torch.cuda.synchronize()
-    assert_same(our_params, ref_params, rtol=1e-5, atol=1e-6)
+    # within the capturable schedule's float32 rounding (Adam's and AdamW's, as torch's
+    # capturable steps, are 2e-6 off torch's default step on the CPU after five steps)
+    assert_same(our_params, ref_params, rtol=1e-5, atol=1e-5)
