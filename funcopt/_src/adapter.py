@@ -625,16 +625,15 @@ def _step_in_place(
         counters[values].append(tensors[:k])
         coefficients = schedules[values][1]
         buffers = tensors[k:]
-        if isinstance(p, DTensor):
-            local = _local_shards(p, g, buffers)
-            if local is None:  # differently sharded: DTensor ops, one tensor at a time
-                inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
-                continue
-            p, g, buffers = local
+        # a DTensor: its local shards where the math is per element and every buffer there
+        # is sharded alike; else (a per-tensor rule: norms, matrix products; a buffer
+        # created now; other shardings) DTensor ops, by itself
+        if isinstance(p, DTensor) and algorithm.per_element and not creating(buffers):
+            p, g, buffers = _local_shards(p, g, buffers) or (p, g, buffers)
         is_complex = p.is_complex()
         if is_complex:
             p, g, buffers = as_real(p), as_real(g), [as_real(b) for b in buffers]
-        if not algorithm.per_element or creating(buffers):  # by itself
+        if not algorithm.per_element or creating(buffers) or isinstance(p, DTensor):  # by itself
             new = inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
             for name, old, value in zip(algorithm.buffer_fields, buffers, new):
                 if old is None and value is not None:  # created (SGD's momentum_buffer)
@@ -738,16 +737,18 @@ def _write_back(
             p.add_(u)
 
 
-def _local_shards(p: Tensor, g: Tensor, buffers: list[Tensor]) -> tuple[Tensor, Tensor, list[Tensor]] | None:
-    """The local shards of a sharded (DTensor) param, its gradient and its buffers, when
-    all are sharded alike (as FSDP2 shards them): the math is per-element, so each rank
-    steps its own shard, with no communication."""
+def _local_shards(
+    p: Tensor, g: Tensor, buffers: list[Tensor | None]
+) -> tuple[Tensor, Tensor, list[Tensor | None]] | None:
+    """The local shards of a sharded (DTensor) param, its gradient and its buffers (an
+    absent one stays None), when all are sharded alike (as FSDP2 shards them): for
+    per-element math, each rank steps its own shard, with no communication."""
     spec = (p.device_mesh, p.placements)  # type: ignore[attr-defined]
-    tensors = [g, *buffers]
+    tensors = [g, *(b for b in buffers if b is not None)]
     if not all(isinstance(t, DTensor) and (t.device_mesh, t.placements) == spec for t in tensors):
         return None
-    p_local, g_local, *local = (t.to_local() for t in (p, *tensors))  # type: ignore[attr-defined]
-    return p_local, g_local, local
+    p_local, g_local = p.to_local(), g.to_local()  # type: ignore[attr-defined]
+    return p_local, g_local, [None if b is None else b.to_local() for b in buffers]  # type: ignore[attr-defined]
 
 
 def _check_fused(p: Tensor, g: Tensor) -> None:

@@ -147,8 +147,9 @@ class InPlace:
     @staticmethod
     def item(x: Tensor) -> float:
         """A 0-d result (a per-tensor norm) as a Python number, as torch's step reads it
-        (Adafactor); for algorithms that are not `Algorithm.per_element`."""
-        return x.item()
+        (Adafactor); for algorithms that are not `Algorithm.per_element`. A DTensor's
+        whole value: its ``item()`` reads a partial one's local part (a sharded norm's)."""
+        return (x.full_tensor() if hasattr(x, "full_tensor") else x).item()
 
     @staticmethod
     def add_(x: Tensor | Fresh, y: Tensor | Coef, alpha: Coef = 1) -> Tensor:
