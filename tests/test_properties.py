@@ -14,12 +14,13 @@ from helpers import (
     ALGORITHMS,
     HYPER,
     IMPLEMENTATION_FLAGS,
-    INFOS,
     as_tensors,
     assert_matches_torch,
     assert_same,
     fo_cls,
     kwargs_of,
+    matrices_only,
+    steps_on_dense_gradients,
     torch_cls,
 )
 from hypothesis import HealthCheck, example, given, settings
@@ -63,20 +64,10 @@ def _valid(name: str, kwargs: dict) -> bool:
     return True
 
 
-def _steps_on_dense_gradients(name: str) -> bool:
-    """Whether `name` steps on dense gradients without an objective (not LBFGS, not
-    SparseAdam), on params of any shape (not Muon, 2-D only)."""
-    info = INFOS[name]
-    if info.step_requires_closure or info.only_supports_sparse_grads:
-        return False
-    try:
-        torch_cls(name)([torch.zeros(3, requires_grad=True)])
-    except ValueError:  # a param shape the class refuses
-        return False
-    return True
-
-
-PROPERTY_ALGORITHMS = [name for name in ALGORITHMS if _steps_on_dense_gradients(name)]
+# dense gradients without an objective (not LBFGS, not SparseAdam), params of any shape (not Muon)
+PROPERTY_ALGORITHMS = [
+    name for name in ALGORITHMS if steps_on_dense_gradients(name) and not matrices_only(name)
+]
 HYPERPARAMETERS = {name: hyperparameters(name) for name in PROPERTY_ALGORITHMS}
 
 
