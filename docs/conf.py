@@ -59,7 +59,12 @@ algorithms = sorted(
 entries = []
 for name in algorithms:
     factory = next(f for f in funcopt.__all__ if f.replace("_", "") == name.lower())
-    entries += [f".. autofunction:: funcopt.{factory}", "   :no-index:", f".. autoclass:: funcopt.{name}", "   :no-index:"]
+    entries += [
+        f".. autofunction:: funcopt.{factory}",
+        "   :no-index:",
+        f".. autoclass:: funcopt.{name}",
+        "   :no-index:",
+    ]
 (DOCS / "_api_algorithms.md").write_text("```{eval-rst}\n" + "\n".join(entries) + "\n```\n")
 exclude_patterns.append("_api_algorithms.md")
 
