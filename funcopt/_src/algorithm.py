@@ -69,6 +69,7 @@ from .base import (
     untraced,
 )
 from .ops import Pure, PureForEach, TensorList, nonzero
+from .wrappers import has_schedule, with_schedules
 
 Hyperparams = dict[str, Any]
 
@@ -295,8 +296,6 @@ class Algorithm:
         hyperparameter may be a schedule (a function of the step count, such as
         ``fo.cosine_decay_schedule(...)``): the state then carries the count, and each
         update evaluates the schedules there (see ``wrappers.with_schedules``)."""
-        from .wrappers import has_schedule, with_schedules  # wrappers builds on the algorithms
-
         self.check({k: v for k, v in hyperparams.items() if not has_schedule(v)})
         return with_schedules(self, hyperparams)
 
