@@ -471,7 +471,8 @@ class Optimizer(torch.optim.Optimizer):
 
     def _step_group(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> None:
         # a param with no state yet gets a dict of its own, kept if the step fills it
-        states = [self.state[p] if p in self.state else {} for p in params]
+        state = self.state
+        states = [state[p] if p in state else {} for p in params]
         if group.get("fused"):
             for p, g in zip(params, grads):
                 _check_fused(p, g)
@@ -588,81 +589,145 @@ def _step_in_place(
     params: list[Tensor],
     grads: list[Tensor],
     states: list[dict[str, Any]],
+    tried: bool = False,
 ) -> None:
-    """torch.optim's step, in place. Per param, the counters are read as Python floats
-    and the schedule runs in double precision (once per distinct counter values); the
-    elementwise math runs on segments on the CPU, and with foreach ops over each
-    group of params elsewhere (see ``inplace.py``). The schedule gets the hyperparameters
-    as given: torch's default step computes its coefficients from a tensor ``lr`` (or
-    betas) in tensor arithmetic, which rounds in the tensor's dtype, and so does the
-    schedule; the coefficients, then the hyperparameters, reach the ops as Python
-    numbers."""
+    """torch.optim's step, in place. The counters are read as Python floats and the
+    schedule runs in double precision, once per group of params with the same counter
+    values; the elementwise math runs on segments on the CPU, and with foreach ops over
+    each group of params elsewhere (see ``inplace.py``). The schedule gets the
+    hyperparameters as given: torch's default step computes its coefficients from a
+    tensor ``lr`` (or betas) in tensor arithmetic, which rounds in the tensor's dtype,
+    and so does the schedule; the coefficients, then the hyperparameters, reach the ops
+    as Python numbers.
+
+    The state is read column by column (one list per key), and the params are grouped
+    by what their math shares before any runs: each per-param read costs about as much
+    as a small op, which counts with hundreds of tiny params."""
     k = len(algorithm.counters)
     given, hyperparams = hyperparams, {name: _to_python(v) for name, v in hyperparams.items()}
-    schedules: dict[tuple[float, ...], Any] = {}  # counter values -> (new values, coefficients)
-    counters: dict[tuple[float, ...], list[list[Tensor]]] = {}  # counter values -> their tensors
-    chunks = inplace.Chunks(algorithm, hyperparams)  # small params on the CPU
-    lists: dict[Any, list[list[Tensor]]] = {}  # (values, dtype, device, absent) -> tensors (GPUs)
-    rows = []  # every check comes before any param changes
-    fields = _fields(algorithm, hyperparams)
+    try:
+        columns = [
+            [s[name] for s in states] if required else [s.get(name) for s in states]
+            for name, required in _fields(algorithm, hyperparams)
+        ]
+    except KeyError as e:
+        raise _missing_entry(e) from None
+    counters, buffer_columns = columns[:k], columns[k:]
+    # every check comes before any param changes
+    sparse = any([g.is_sparse for g in grads])
+    if sparse:
+        algorithm.check_sparse_grad(hyperparams)
+    _check_all_shapes(algorithm, params, grads, buffer_columns)
+    dtypes = [p.dtype for p in params]
+    if not tried and not all(
+        [d if b is None else b.dtype for b, d in zip(column, dtypes)] == dtypes for column in buffer_columns
+    ):
+        # the model was converted after its state was made: where the math then fails
+        # (torch's Adamax does; its Adagrad steps on), it fails on copies first, changing nothing
+        copies = [{name: _clone(value) for name, value in s.items()} for s in states]
+        _step_in_place(algorithm, given, [p.clone() for p in params], grads, copies, tried=True)
+    # what a group shares: the counters' values and dtypes (torch updates a counter in its
+    # dtype), the param's dtype, and which buffers are absent
+    values = _rows(
+        [[c.item() for c in column] for column in counters]
+        + [[c.dtype for c in column] for column in counters],
+        len(params),
+    )
+    absent = _rows([[b is None for b in column] for column in buffer_columns], len(params))
+    keys = list(zip(values, dtypes, absent))
+    groups: dict[Any, list[int]] = {}
+    if keys.count(keys[0]) == len(keys):  # one group, as usual: no loop
+        groups[keys[0]] = list(range(len(keys)))
+    else:
+        for i, key in enumerate(keys):
+            groups.setdefault(key, []).append(i)
     creating = algorithm.creating(hyperparams)
-    for p, g, state in zip(params, grads, states):
-        if g.is_sparse:
-            algorithm.check_sparse_grad(hyperparams)
-        try:
-            tensors: list[Any] = [state[name] if required else state.get(name) for name, required in fields]
-        except KeyError as e:
-            raise _missing_entry(e) from None
-        _check_shapes(algorithm, p, g, tensors[k:])
-        # the counters' values, then their dtypes (torch updates a counter in its dtype)
-        rows.append((tensors, tuple([c.item() for c in tensors[:k]] + [c.dtype for c in tensors[:k]])))
-    for p, g, state, (tensors, values) in zip(params, grads, states, rows):
-        if values not in schedules:
-            schedules[values] = _to_python(
-                algorithm.schedule(*values[:k], counter_dtypes=values[k:], **given)
-            )
-            counters[values] = []
-        counters[values].append(tensors[:k])
-        coefficients = schedules[values][1]
-        buffers = tensors[k:]
-        # a DTensor: its local shards where the math is per element and every buffer there
-        # is sharded alike; else (a per-tensor rule: norms, matrix products; a buffer
-        # created now; other shardings) DTensor ops, by itself
-        if isinstance(p, DTensor) and algorithm.per_element and not creating(buffers):
-            p, g, buffers = _local_shards(p, g, buffers) or (p, g, buffers)
-        is_complex = p.is_complex()
-        if is_complex:
-            p, g, buffers = as_real(p), as_real(g), [as_real(b) for b in buffers]
-        if not algorithm.per_element or creating(buffers) or isinstance(p, DTensor):  # by itself
-            new = inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
-            for name, old, value in zip(algorithm.buffer_fields, buffers, new):
-                if old is None and value is not None:  # created (SGD's momentum_buffer)
-                    state[name] = as_complex(value) if is_complex else value
-            continue
-        # read once: each attribute read costs as much as a small op (300 tiny params)
-        device, sparse, numel = p.device, g.is_sparse, p.numel()
-        key = (values, p.dtype, device, tuple(b is None for b in buffers))  # what a group shares
-        if not sparse and inplace.use_lists(device):
-            group = lists.setdefault(key, [[] for _ in range(2 + len(buffers))])
-            for column, t in zip(group, (p, g, *buffers)):
-                column.append(t)
-            continue
-        segmented = not sparse  # may run on segments (see inplace.py)
-        if segmented and numel <= inplace.TINY:
-            chunks.add(key, coefficients, p, g, buffers, numel)
-        elif segmented and numel > inplace.SEGMENT and inplace.blockable(p, *buffers):
-            inplace.run_blocks(algorithm, coefficients, hyperparams, p, p, g, buffers)
-        else:  # the whole param at once: one segment, or no segments
-            inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
-    chunks.run()
-    for (values, _, _, _), columns in lists.items():
-        inplace.run_lists(algorithm, schedules[values][1], hyperparams, columns)
-    for values, (new_values, _) in schedules.items():
-        for j, value in enumerate(new_values):
-            column = [c[j] for c in counters[values]]
+    sharded = any([isinstance(p, DTensor) for p in params])
+    # tiny vectors on the CPU (biases, norms), the most numerous params, join chunks in
+    # bulk (if their math is per element, and dense and real); the others step one by one
+    vector = [p.dim() == 1 and p.is_cpu and p.numel() <= inplace.TINY for p in params]
+    chunks = inplace.Chunks(algorithm, hyperparams)  # small params on the CPU
+    written: list[tuple[list[list[Tensor]], tuple[Any, ...]]] = []  # counters, their new values
+    for key, indices in groups.items():
+        new_values, coefficients = _to_python(
+            algorithm.schedule(*key[0][:k], counter_dtypes=key[0][k:], **given)
+        )
+        written.append(([[column[i] for i in indices] for column in counters], new_values))
+        # a param whose math looks across elements, or that has a buffer to create, steps
+        # by itself; so does a DTensor whose buffers are not all sharded as it is
+        alone = not algorithm.per_element or creating([column[indices[0]] for column in buffer_columns])
+        lists: dict[torch.device, list[list[Tensor]]] = {}  # device -> tensors (GPUs)
+        if not (alone or sparse or sharded or key[1].is_complex):
+            vectors = [i for i in indices if vector[i]]
+            if vectors:
+                chunks.add_vectors(
+                    coefficients,
+                    [params[i] for i in vectors],
+                    [grads[i] for i in vectors],
+                    [[column[i] for i in vectors] for column in buffer_columns],
+                )
+                if len(vectors) == len(indices):
+                    indices = []
+                else:
+                    taken = set(vectors)
+                    indices = [i for i in indices if i not in taken]
+        for i in indices:
+            p, g, buffers = params[i], grads[i], [column[i] for column in buffer_columns]
+            if isinstance(p, DTensor) and not alone:  # its local shards, if sharded alike
+                p, g, buffers = _local_shards(p, g, buffers) or (p, g, buffers)
+            is_complex = p.is_complex()
+            if is_complex:
+                p, g, buffers = as_real(p), as_real(g), [as_real(b) for b in buffers]
+            if alone or isinstance(p, DTensor):  # DTensor ops, by itself
+                new = inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
+                for name, old, value in zip(algorithm.buffer_fields, buffers, new):
+                    if old is None and value is not None:  # created (SGD's momentum_buffer)
+                        states[i][name] = as_complex(value) if is_complex else value
+                continue
+            # read once: each attribute read costs as much as a small op (300 tiny params)
+            device, numel = p.device, p.numel()
+            if g.is_sparse:  # the whole param at once, with sparse ops
+                inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
+            elif inplace.use_lists(device):
+                group = lists.setdefault(device, [[] for _ in range(2 + len(buffers))])
+                for column, t in zip(group, (p, g, *buffers)):
+                    column.append(t)
+            elif numel <= inplace.TINY:
+                chunks.add(device, coefficients, p, g, buffers, numel)
+            elif numel > inplace.SEGMENT and inplace.blockable(p, *buffers):
+                inplace.run_blocks(algorithm, coefficients, hyperparams, p, p, g, buffers)
+            else:  # the whole param at once: one segment
+                inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
+        chunks.run()  # a chunk holds params of one group: their schedule is the same
+        for tensors in lists.values():
+            inplace.run_lists(algorithm, coefficients, hyperparams, tensors)
+    for tensors, new_values in written:
+        for column, value in zip(tensors, new_values):
             torch._foreach_copy_(
                 column, [torch.tensor(value, dtype=torch.float64, device="cpu")] * len(column)
             )
+
+
+def _rows(columns: list[list[Any]], n: int) -> list[tuple[Any, ...]]:
+    """Per param, its entry of each column (``()`` for each of `n` params if no column)."""
+    return list(zip(*columns)) if columns else [()] * n
+
+
+def _check_all_shapes(
+    algorithm: Algorithm, params: list[Tensor], grads: list[Tensor], buffer_columns: list[list[Any]]
+) -> None:
+    """`_check_shapes` for every param: compared as lists first (per-param calls cost
+    more, with hundreds of tiny params), then param by param for the error."""
+    shapes = [p.shape for p in params]
+    same = [g.shape for g in grads] == shapes
+    if same and algorithm.buffers_like_param:
+        same = all(
+            [s if b is None else b.shape for b, s in zip(column, shapes)] == shapes
+            for column in buffer_columns
+        )
+    if not same:
+        for i, (p, g) in enumerate(zip(params, grads)):
+            _check_shapes(algorithm, p, g, [column[i] for column in buffer_columns])
 
 
 def _step_pure(

@@ -148,6 +148,9 @@ def _structure_error(names: Sequence[str], j: int, hint: str, detail: str) -> St
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
+_UNTRACED = {type(None), MaskedNode, *_PLAIN}  # the leaves that foreach ops may take
+
+
 def tracer_active() -> bool:
     """Inside a tracer that records ops on tensors (torch.compile, torch.export, make_fx,
     torch.jit.trace) or a fake tensor mode: a value read in Python would become a
@@ -188,15 +191,13 @@ def untraced(hyperparams: dict[str, Any], *leaf_lists: Sequence[Any]) -> bool:
         if any(isinstance(v, Tensor) for v in (value if isinstance(value, tuple) else (value,))):
             return False
     # None: a leaf without a param or gradient; MaskedNode: a buffer absent from the state
-    return all(
-        t is None or type(t) in _PLAIN or type(t) is MaskedNode for leaves in leaf_lists for t in leaves
-    )
+    return {type(t) for leaves in leaf_lists for t in leaves} <= _UNTRACED
 
 
 def records(*leaf_lists: Sequence[Any]) -> bool:
     """Whether autograd records an op on these leaves."""
     return torch.is_grad_enabled() and any(
-        isinstance(t, Tensor) and t.requires_grad for leaves in leaf_lists for t in leaves
+        [t.requires_grad for leaves in leaf_lists for t in leaves if isinstance(t, Tensor)]
     )
 
 

@@ -193,6 +193,25 @@ class Chunks:
             column.append(t)
         self._grow(self.open, key, entry, numel)
 
+    def add_vectors(self, coefficients: Any, ps: list[Tensor], gs: list[Tensor],
+                    buffers: list[list[Tensor | None]]) -> None:  # fmt: skip
+        """Step 1-d params of at most `TINY` elements (their gradients, then each buffer's
+        column: all of one schedule, dtype and device), in chunks of about `CHUNK`
+        elements, at once: no per-param queueing (`add`), which counts with hundreds.
+        Without buffers (SGD without momentum) the math is an op or two: each as one
+        foreach call over the params costs less than concatenating them and copying back."""
+        if all(column[0] is None for column in buffers):
+            run_lists(self.algorithm, coefficients, self.hyperparams, [ps, gs, *buffers])
+            return
+        start, size = 0, 0
+        for j, n in enumerate([p.shape[0] for p in ps]):
+            size += n
+            if size >= CHUNK or j == len(ps) - 1:
+                end = j + 1
+                run_chunk(self.algorithm, coefficients, self.hyperparams,
+                          [ps[start:end], gs[start:end], *(column[start:end] for column in buffers)])  # fmt: skip
+                start, size = end, 0
+
     def run(self) -> None:
         """Step the queued params."""
         flat: dict[Any, list[Any]] = {}  # key -> [coefficients, columns, elements in them]
@@ -245,15 +264,22 @@ def fresh_lists(algorithm: Any, coefficients: Any, hyperparams: Any, columns: Se
     for targets, sources in zip(new, buffers):
         if targets is not None:
             torch._foreach_copy_(targets, sources)
-    real = lambda ts: None if ts is None or ts[0] is None else TensorList(as_real(t) for t in ts)  # noqa: E731
     run(
         algorithm,
         coefficients,
         hyperparams,
-        real(updates),
-        real(ps),
-        real(gs),
-        [real(c) for c in new],
+        _real(updates),
+        _real(ps),
+        _real(gs),
+        [_real(c) for c in new],
         ForEach,
     )
     return updates, new
+
+
+def _real(ts: Sequence[Tensor | None] | None) -> TensorList | None:
+    """A group's tensors as a `TensorList` for `ForEach` ops, complex ones as real views;
+    None for an absent buffer (or the params of an update without them)."""
+    if ts is None or ts[0] is None:
+        return None
+    return TensorList([as_real(t) for t in ts] if ts[0].is_complex() else ts)
