@@ -606,7 +606,7 @@ def _step_in_place(
     k = len(algorithm.counters)
     given, hyperparams = hyperparams, {name: _to_python(v) for name, v in hyperparams.items()}
     try:
-        columns = [
+        columns: list[list[Any]] = [
             [s[name] for s in states] if required else [s.get(name) for s in states]
             for name, required in _fields(algorithm, hyperparams)
         ]

@@ -194,7 +194,7 @@ class Chunks:
         self._grow(self.open, key, entry, numel)
 
     def add_vectors(self, coefficients: Any, ps: list[Tensor], gs: list[Tensor],
-                    buffers: list[list[Tensor | None]]) -> None:  # fmt: skip
+                    buffers: list[list[Any]]) -> None:  # fmt: skip
         """Step 1-d params of at most `TINY` elements (their gradients, then each buffer's
         column: all of one schedule, dtype and device), in chunks of about `CHUNK`
         elements, at once: no per-param queueing (`add`), which counts with hundreds.
@@ -277,7 +277,7 @@ def fresh_lists(algorithm: Any, coefficients: Any, hyperparams: Any, columns: Se
     return updates, new
 
 
-def _real(ts: Sequence[Tensor | None] | None) -> TensorList | None:
+def _real(ts: Sequence[Any] | None) -> TensorList | None:
     """A group's tensors as a `TensorList` for `ForEach` ops, complex ones as real views;
     None for an absent buffer (or the params of an update without them)."""
     if ts is None or ts[0] is None:
