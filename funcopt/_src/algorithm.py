@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+import operator
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -396,29 +397,37 @@ class Algorithm:
         eager = lists_ok and not records(g_leaves, p_leaves, *columns)
         new_columns = [list(column) for column in columns]
         k = len(self.counters)
+        n = len(g_leaves)
+        # per leaf: its counters, its buffers (None where absent), which are absent
+        counter_rows = list(zip(*columns[:k])) if k else [()] * n
+        buffer_columns = [[None if type(b) is MaskedNode else b for b in column] for column in columns[k:]]
+        buffer_rows = list(zip(*buffer_columns)) if buffer_columns else [()] * n
+        absent_rows = list(zip(*[[b is None for b in column] for column in buffer_columns])) or [()] * n
         # the previous leaf's counters, their schedule, and whether its coefficients are numbers
         last: tuple[tuple[Any, ...], Any, bool] | None = None
         by_value: dict[Any, Any] = {}  # readable counters' values -> their schedule
         creating = self.creating(hyperparams)
         lists: dict[Any, tuple[Any, list[int], list[list[Any]]]] = {}  # groups of leaves, by coefficients
         updates: list[Tensor | None] = []
-        for i, (p, g) in enumerate(zip(p_leaves, g_leaves)):
+        for i, (p, g, counters, buffers, absent) in enumerate(
+            zip(p_leaves, g_leaves, counter_rows, buffer_rows, absent_rows)
+        ):
             if g is None:  # skipped, as torch skips a param without .grad
                 updates.append(None)
                 continue
-            if not isinstance(g, Tensor):
+            if not lists_ok and not isinstance(g, Tensor):  # (`untraced` found tensors only)
                 raise TypeError(
                     f"{self.name} update: the gradient of leaf {i} is {a_kind(g)}; "
                     "grads must be a pytree of tensors (None for a param to skip)"
                 )
-            if g.is_sparse:
+            sparse = g.is_sparse
+            if sparse:
                 self.check_sparse_grad(hyperparams)
-            counters = tuple(column[i] for column in columns[:k])
             # Leaves share their counter tensors (see init): the schedule is computed once
             # per run of leaves with the same counters. Compared by identity, not id()
             # (torch.compile would guard on id values), and with the last run only (a
             # search of all would make tracing quadratic in the number of leaves).
-            if last is None or not all(a is b for a, b in zip(last[0], counters)):
+            if last is None or any(map(operator.is_not, last[0], counters)):
                 schedule = self._schedule(counters, hyperparams, traceable, by_value)
                 # coefficients in tensors (from a tensor hyperparameter, or counters not
                 # read: traced, or on the meta device) take the `Pure` ops one leaf at a
@@ -427,47 +436,45 @@ class Algorithm:
             _, (new, coefficients), numeric = last
             for column, value in zip(new_columns, new):
                 column[i] = value
-            buffers: list[Any] = [
-                None if isinstance(b, MaskedNode) else b for b in (column[i] for column in columns[k:])
-            ]
+            shape, dtype = g.shape, g.dtype
             for t in (p, *(buffers if self.buffers_like_param else ())):
-                if t is not None and (t.shape != g.shape or t.dtype != g.dtype):
+                if t is not None and (t.shape != shape or t.dtype != dtype):
                     raise self._mismatch_error(i, p, g, buffers)
             # a param with a buffer to create, or whose math looks across elements, steps by itself
             alone = not self.per_element or creating(buffers)
             # Without params the math never reads p: only weight decay does, and `update`
             # refuses it without params. The in-place paths then take p as None.
             like = g if p is None else p  # what the update is shaped and typed like
-            if not lists_ok or not numeric or g.is_sparse or alone:
+            if not lists_ok or not numeric or sparse or alone:
                 in_lists = False
             elif eager:
                 in_lists = inplace.fresh_in_lists(like)
             else:  # autograd records
                 in_lists = grouped_under_autograd(like) and not written_back
             if in_lists:  # the group's math runs with foreach ops after this loop
-                _, indices, group = lists.setdefault(  # the value keeps the coefficients (the key's id) alive
-                    # those that record apart: all a foreach op's outputs record if one does
-                    (
-                        id(coefficients),
-                        like.dtype,
-                        like.device,
-                        p is None,
-                        tuple(b is None for b in buffers),
-                        not eager and records((p, g), buffers),
-                    ),
-                    (coefficients, [], [[] for _ in range(2 + len(buffers))]),
+                # those that record apart: all a foreach op's outputs record if one does
+                key = (
+                    id(coefficients),
+                    like.dtype,
+                    like.device,
+                    p is None,
+                    absent,
+                    not eager and records((p, g), buffers),
                 )
-                indices.append(i)
-                for column, t in zip(group, (p, g, *buffers)):
+                entry = lists.get(key)
+                if entry is None:  # the value keeps the coefficients (the key's id) alive
+                    entry = lists[key] = (coefficients, [], [[] for _ in range(2 + len(buffers))])
+                entry[1].append(i)
+                for column, t in zip(entry[2], (p, g, *buffers)):
                     column.append(t)
                 updates.append(None)
                 continue
-            if eager and numeric and not g.is_sparse and not alone and inplace.blockable(p, *buffers):
-                out, buffers = inplace.fresh_step(self, coefficients, hyperparams, p, g, buffers)
+            if eager and numeric and not sparse and not alone and inplace.blockable(p, *buffers):
+                out, results = inplace.fresh_step(self, coefficients, hyperparams, p, g, buffers)
             else:
-                out, buffers = self._pure_step(p, g, buffers, coefficients, hyperparams)
+                out, results = self._pure_step(p, g, buffers, coefficients, hyperparams)
             updates.append(out)
-            for column, value in zip(new_columns[k:], buffers):
+            for column, value in zip(new_columns[k:], results):
                 column[i] = MaskedNode() if value is None else value
         for coefficients, indices, group in lists.values():
             if eager:
