@@ -1,0 +1,114 @@
+"""The Python tax of a functional step: funcopt's pure step on a small model, against
+torch.optim's eager step of the same algorithm, measured in the same run.
+
+On an 8 -> 64 -> 1 MLP (4 tensors, 641 elements), where per-call overhead, not memory,
+sets the time, it times for each algorithm one ``tx.update`` + ``fo.apply_updates``
+(the pure step, its results fresh tensors) and torch.optim's step in its two eager
+paths (the for-loop and ``foreach=True``), interleaved round by round, with one torch
+thread, and prints the medians and the ratio to torch's faster step (target: at most
+1.0x). It also times the pure step's tensor work alone, the same foreach ops written
+by hand without funcopt (``floor``: fresh buffers, the update, then ``params +
+updates``), to show how much of the step is Python.
+
+    python benchmarks/python_tax.py [--rounds 2000] [--algorithms Adam,SGD]
+        [--write-table docs/_generated/python_tax.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+import funcopt as fo
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from step_time import default_algorithms, markdown_table, write_table  # noqa: E402
+
+SHAPES = [(64, 8), (64,), (1, 64), (1,)]
+LR = 1e-3
+
+
+def factory(name: str) -> fo.GradientTransformation:
+    return getattr(fo, name.lower())(lr=LR)
+
+
+def adamax_floor(params: list[torch.Tensor], grads: list[torch.Tensor]) -> object:
+    """Adamax's pure step as bare foreach ops: what a step costs with no Python around it."""
+    exp_avg = [torch.zeros_like(p) for p in params]
+    exp_inf = [torch.zeros_like(p) for p in params]
+
+    def step() -> list[torch.Tensor]:
+        out = [torch.zeros_like(p) for p in params]
+        m = torch._foreach_lerp(exp_avg, grads, 0.1)
+        u = torch._foreach_maximum(
+            torch._foreach_mul(exp_inf, 0.999), torch._foreach_add(torch._foreach_abs(grads), 1e-8)
+        )
+        torch._foreach_addcdiv_(out, m, u, -LR)
+        return torch._foreach_add(params, out)
+
+    return step
+
+
+def timed(name: str, rounds: int) -> dict[str, float]:
+    """Median seconds per step of each contender, interleaved round by round."""
+    torch.manual_seed(0)
+    params = [torch.randn(s) for s in SHAPES]
+    grads = [torch.randn(s) for s in SHAPES]
+    tx = factory(name)
+    state = [tx.init(params), params]
+
+    def functional() -> None:
+        updates, state[0] = tx.update(grads, state[0], state[1])
+        state[1] = fo.apply_updates(state[1], updates)
+
+    contenders = {"functional": functional}
+    for label, foreach in (("torch", False), ("torch foreach", True)):
+        ps = [p.clone().requires_grad_() for p in params]
+        for p, g in zip(ps, grads):
+            p.grad = g.clone()
+        contenders[label] = getattr(torch.optim, name)(ps, lr=LR, foreach=foreach).step
+    if name == "Adamax":
+        contenders["floor"] = adamax_floor(params, grads)
+    times: dict[str, list[float]] = {label: [] for label in contenders}
+    for r in range(rounds + rounds // 10):
+        for label, step in contenders.items():
+            t0 = time.perf_counter()
+            step()
+            if r >= rounds // 10:  # warm-up rounds are not counted
+                times[label].append(time.perf_counter() - t0)
+    return {label: statistics.median(ts) for label, ts in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2000)
+    parser.add_argument("--algorithms", default=",".join(default_algorithms()))
+    parser.add_argument("--write-table", metavar="PATH", help="also write the table as Markdown to PATH")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    rows = []
+    for name in args.algorithms.split(","):
+        t = timed(name, args.rounds)
+        best = min(t["torch"], t["torch foreach"])
+        us = {label: f"{seconds * 1e6:.1f}" for label, seconds in t.items()}
+        rows.append(
+            [name, us["torch"], us["torch foreach"], us["functional"], f"**{t['functional'] / best:.2f}x**"]
+        )
+        floor = f"   floor (bare foreach ops) {us['floor']}us" if "floor" in t else ""
+        print(
+            f"{name:10} torch {us['torch']:>7}us  foreach {us['torch foreach']:>7}us  "
+            f"functional {us['functional']:>7}us  functional / torch {t['functional'] / best:.2f}x{floor}",
+            flush=True,
+        )
+    header = ["algorithm", "torch µs", "torch foreach µs", "functional µs", "functional / torch"]
+    if args.write_table:
+        write_table(args.write_table, markdown_table(header, rows), note=f"8-64-1 MLP, {args.rounds} rounds")
+
+
+if __name__ == "__main__":
+    main()
