@@ -37,7 +37,7 @@ from torch.autograd import forward_ad
 from . import base, inplace, transforms, wrappers
 from .base import EmptyState, GradientTransformation
 from .clipping import _clip_update
-from .ops import TensorList, nonzero
+from .ops import Fresh, TensorList, nonzero
 from .transforms import (
     EmaState,
     ScaleByAdamState,
@@ -134,6 +134,8 @@ def _adam_math(
     if nesterov:  # b1 * mu / correction1_next + (1 - b1) * updates / correction1, as optax
         mu_hat = o.mul_(o.div(mu, correction1_next), b1)
         mu_hat = o.add_(mu_hat, o.mul_(o.div(u, correction1), one_minus_b1))
+    elif not isinstance(denom, list):  # mu / correction1 / denom in one pass, into denom
+        return o.addcdiv_(Fresh(denom), mu, denom, value=1 / correction1), True
     else:
         mu_hat = o.div(mu, correction1)
     return o.div_(mu_hat, denom), True
@@ -436,7 +438,8 @@ def step(
     chain of known blocks and nothing needs the pure update (see the module's text).
     Returns whether it stepped; False changes nothing."""
     if (
-        capturable
+        torch.compiler.is_compiling()  # first: a compiled step reads no further
+        or capturable
         or base.tracing()
         or forward_ad._current_level >= 0
         or (torch.is_grad_enabled() and base.records(params, grads))
