@@ -108,6 +108,16 @@ CASES: dict[str, tuple[Any, dict[str, Any]]] = {
         ),
         {"lr": 0.1},
     ),  # fmt: skip
+    "clip_by_global_norm, adamw": (
+        lambda lr: fo.chain(
+            fo.clip_by_global_norm(3.0),
+            fo.scale_by_adam(),
+            fo.add_decayed_weights(0.1),
+            fo.scale_by_learning_rate(lr),
+        ),
+        {"lr": 0.1},
+    ),  # fmt: skip
+    "clip_by_global_norm, not clipping": (with_lr(fo.clip_by_global_norm(1e6)), {"lr": 0.1}),
     "sign, then decay": (
         lambda: fo.chain(fo.scale_by_sign(), fo.add_decayed_weights(0.1), fo.scale(-0.1)),
         {},
@@ -286,7 +296,7 @@ def test_functional_state_of_the_fast_path():
 
 def unknown_chains() -> dict[str, Any]:
     return {
-        "clip_by_global_norm": with_lr(fo.clip_by_global_norm(1.0)),
+        "clip_by_global_norm, not first": with_lr(fo.scale_by_adam(), fo.clip_by_global_norm(1.0)),
         "masked weight decay": lambda lr: fo.chain(
             fo.add_decayed_weights(0.1, mask=lambda ps: optree.tree_map(lambda p: p.ndim > 1, ps)),
             fo.scale_by_learning_rate(lr),

@@ -36,7 +36,7 @@ from torch.autograd import forward_ad
 
 from . import base, inplace, transforms, wrappers
 from .base import EmptyState, GradientTransformation
-from .clipping import _clip_update
+from .clipping import _clip_by_global_norm_update, _clip_update, coef, global_norm
 from .ops import Fresh, TensorList, nonzero
 from .transforms import (
     EmaState,
@@ -213,8 +213,8 @@ class _Planner:
     """Walks a transformation alongside its state's layout (slot names in place of the
     tensors) and collects the blocks; False where something is not known."""
 
-    def __init__(self, shared: dict[str, Any], per_param: dict[str, bool]) -> None:
-        self.shared_values, self.per_param = shared, per_param
+    def __init__(self, shared: dict[str, Any], per_param: dict[str, bool], grads: list[Tensor]) -> None:
+        self.shared_values, self.per_param, self.grads = shared, per_param, grads
         self.blocks: list[_Block] = []
         self.counts: list[tuple[str, Tensor]] = []
 
@@ -325,6 +325,18 @@ def _clip(planner: _Planner, node: Any, max_delta: Any) -> bool:
     return isinstance(node, EmptyState) and planner.add(_clip_math, (), (max_delta,))
 
 
+def _global_clip(planner: _Planner, node: Any, max_norm: Any) -> bool:
+    """`clip_by_global_norm` where the updates are still the gradients (first in the
+    chain): their norm, and the factor, as `_clip_by_global_norm_update` computes them."""
+    if not isinstance(node, EmptyState) or planner.blocks:
+        return False
+    if not all(type(g) in _PLAIN and g.layout is torch.strided and g.dtype in _FLOATS for g in planner.grads):
+        return False
+    norm = global_norm(planner.grads)
+    m = coef(max_norm, norm)
+    return planner.add(_scale_math, (), (m / torch.clamp(norm, min=m),))
+
+
 def _trace(planner: _Planner, node: Any, decay: Any, nesterov: bool, accumulator_dtype: Any) -> bool:
     if accumulator_dtype is not None or not isinstance(node, TraceState):
         return False
@@ -386,19 +398,22 @@ _PARTIALS: dict[Any, Callable[..., bool]] = {
     transforms._adam_update: _adam,
     transforms._rms_update: _rms,
     _clip_update: _clip,
+    _clip_by_global_norm_update: _global_clip,
 }
 
 
-def plan(transform: GradientTransformation, p: Tensor, state: dict[str, Any]) -> Plan | None:
-    """The in-place plan of `transform`'s step for a group whose first param is `p`, with
-    state `state` (a dict of the adapter's slots: the group's shared counts are read
-    there), or None where the chain holds anything not known here."""
+def plan(
+    transform: GradientTransformation, grads: list[Tensor], p: Tensor, state: dict[str, Any]
+) -> Plan | None:
+    """The in-place plan of `transform`'s step for a group with gradients `grads`, whose
+    first param is `p`, with state `state` (a dict of the adapter's slots: the group's
+    shared counts are read there), or None where the chain holds anything not known here."""
     from .adapter import _slots  # adapter imports this module
 
     slots, treedef = _slots(transform.init({"0": torch.empty_like(p, device="meta")}))
     names = [name for name, _, _ in slots]
     per_param = {name: is_per_param for name, is_per_param, _ in slots}
-    planner = _Planner(state, per_param)
+    planner = _Planner(state, per_param, grads)
     if not planner.walk(transform, treedef.unflatten(names)):
         return None
     return Plan(planner.blocks, planner.counts)
@@ -445,7 +460,7 @@ def step(
         or (torch.is_grad_enabled() and base.records(params, grads))
     ):
         return False
-    found = plan(transform, params[0], states[0])
+    found = plan(transform, grads, params[0], states[0])
     if found is None:
         return False
     rows = []  # every check comes before anything changes
