@@ -21,9 +21,11 @@ the moving averages take one fused op each, as torch's Adam (``lerp_``, ``addcmu
 where the pure update rounds two products and a sum; weight decay and the learning rate
 are adds with ``alpha``; Adam's ``mu / correction / denominator`` is one ``addcdiv``.
 That keeps the step within about 1.1x of fo.AdamW's (benchmarks/chain_step.py); in
-place with the pure update's roundings (each product and sum apart), it took about 1.5x. Anything else (another transformation, a mask, a
-``mu_dtype``, complex or sparse gradients, a tensor subclass, autograd recording, a
-tracer, capturable) keeps the pure path: `step` returns False.
+place with the pure update's roundings (each product and sum apart), it took about 1.5x.
+
+Anything else (another transformation, a mask, a ``mu_dtype``, complex or sparse
+gradients, a tensor subclass, autograd recording, a tracer, capturable) keeps the pure
+path: `step` returns False.
 """
 
 from __future__ import annotations
