@@ -222,6 +222,8 @@ class _Planner:
         self.shared_values, self.per_param, self.grads = shared, per_param, grads
         self.blocks: list[_Block] = []
         self.counts: list[tuple[str, Tensor]] = []
+        self.later: list[Callable[[], None]] = []
+        """What to compute once the whole chain is known (reads of all the gradients)."""
 
     def walk(self, transform: Any, node: Any) -> bool:
         update = getattr(transform, "update", None)
@@ -333,9 +335,18 @@ def _global_clip(planner: _Planner, node: Any, max_norm: Any) -> bool:
         return False
     if not all(type(g) in _PLAIN and g.layout is torch.strided and g.dtype in _FLOATS for g in planner.grads):
         return False
-    norm = global_norm(planner.grads)
-    m = coef(max_norm, norm)
-    return planner.add(_scale_math, (), (m / torch.clamp(norm, min=m),))
+    if not _scalar(max_norm):
+        return False
+    block = _Block(_scale_math, (), (None,))
+    planner.blocks.append(block)
+
+    def factor() -> None:  # once the whole chain is known: a chain that is not reads no norm here
+        norm = global_norm(planner.grads)
+        m = coef(max_norm, norm)
+        block.scalars = (m / torch.clamp(norm, min=m),)
+
+    planner.later.append(factor)
+    return True
 
 
 def _trace(planner: _Planner, node: Any, decay: Any, nesterov: bool, accumulator_dtype: Any) -> bool:
@@ -417,6 +428,8 @@ def plan(
     planner = _Planner(state, per_param, grads)
     if not planner.walk(transform, treedef.unflatten(names)):
         return None
+    for compute in planner.later:
+        compute()
     return Plan(planner.blocks, planner.counts)
 
 
