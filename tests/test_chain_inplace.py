@@ -206,6 +206,24 @@ def test_steps_as_the_pure_path(case):
     assert_close_runs(fast, pure)
 
 
+BITWISE = {  # chains whose in-place ops round as the pure update's (no fused op, no lr folded into an add)
+    "clip, trace nesterov, sign": lambda: fo.chain(
+        fo.clip(0.5), fo.trace(0.9, nesterov=True), fo.scale_by_sign()
+    ),
+    "trace, scale, clip": lambda: fo.chain(fo.trace(0.9), fo.scale(-0.1), fo.clip(0.05)),
+    "global clip, trace, zero": lambda: fo.chain(
+        fo.clip_by_global_norm(1.0), fo.trace(0.5), fo.set_to_zero()
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BITWISE)
+def test_bit_for_bit_where_the_ops_are_the_same(case):
+    fast, pure = both_ways(BITWISE[case], {})
+    assert_same(fast[0], pure[0], rtol=0, atol=0)
+    assert_same(fast[1].state_dict()["state"], pure[1].state_dict()["state"], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(
     "case", ["adamw chain", "clip, trace, decay, schedule", "nested chains, named_chain"]
 )
@@ -282,16 +300,17 @@ def test_state_dict_moves_between_paths():
 
 
 def test_functional_state_of_the_fast_path():
-    """fo.functional_state reads the fast path's state as the functional one."""
-    factory, hp = CASES["adamw chain"]
-    (params, optimizer), _ = both_ways(factory, hp, steps=2)
-    keys = [str(i) for i in range(len(params))]
-    f_params = dict(zip(keys, [p.detach() for p in params]))
-    state = fo.functional_state(optimizer, f_params)
-    assert int(state[0].count) == 2
-    expected = fo.Optimizer(copies(params), factory, **hp)
-    assert optree.tree_structure(state) == optree.tree_structure(factory(**hp).init(f_params))
-    assert expected.state_dict()["param_groups"][0]["lr"] == 0.1
+    """fo.functional_state reads the fast path's state as the functional one: the
+    structure init makes, the pure path's values, its count exactly."""
+    factory, hp = CASES["adamw chain, warmup-cosine lr"]
+    (fast_params, fast), (pure_params, pure) = both_ways(factory, hp, steps=3)
+    keys = [str(i) for i in range(len(fast_params))]
+    state = fo.functional_state(fast, dict(zip(keys, fast_params)))
+    expected = fo.functional_state(pure, dict(zip(keys, pure_params)))
+    init = factory(**hp).init({k: p.detach() for k, p in zip(keys, fast_params)})
+    assert optree.tree_structure(state) == optree.tree_structure(init)
+    assert_same(state, expected, **TOL[torch.float32])
+    assert int(state[0].count) == int(state[2].count) == 3
 
 
 def unknown_chains() -> dict[str, Any]:
