@@ -447,6 +447,7 @@ def _plain(p: Tensor, g: Tensor, buffers: Sequence[Any]) -> bool:
         and g.dtype is dtype
         and g.layout is torch.strided
         and g.shape == shape
+        and g.device == device
     ):
         return False
     for b in buffers:
@@ -472,6 +473,7 @@ def step(
         or base.tracing()
         or forward_ad._current_level >= 0
         or (torch.is_grad_enabled() and base.records(params, grads))
+        or len({id(p) for p in params}) != len(params)
     ):
         return False
     found = plan(transform, grads, params[0], states[0])
@@ -486,8 +488,6 @@ def step(
         if not _plain(p, g, buffers):
             return False
         rows.append(buffers)
-    if len({id(p) for p in params}) != len(params):
-        return False
     chunks = inplace.Chunks(found, {})  # small params on the CPU
     lists: dict[Any, list[list[Tensor]]] = {}  # (dtype, device) -> columns (GPUs)
     for p, g, buffers in zip(params, grads, rows):
