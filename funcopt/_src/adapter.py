@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT, _device_dtype_check_for_fused
 
-from . import inplace
+from . import chain_inplace, inplace
 from .algorithm import Algorithm, Hyperparams, normalize, torch_counter
 from .base import (
     GradientTransformation,
@@ -482,7 +482,12 @@ class Optimizer(torch.optim.Optimizer):
         algorithm = self._transform if isinstance(self._transform, Algorithm) else None
         if algorithm is None:
             skipped = [self.state[p] for p in group["params"] if p.grad is None and self.state.get(p)]
-            self._step_functional(self._make_transform(hyperparams), params, grads, states, skipped)
+            transform = self._make_transform(hyperparams)
+            # a chain of known building blocks steps in place; anything else, the pure update
+            if not chain_inplace.step(
+                transform, params, grads, states, skipped, bool(group.get("capturable"))
+            ):
+                self._step_functional(transform, params, grads, states, skipped)
             return
         hyperparams = normalize(hyperparams, algorithm.pairs)
         if (  # the fast path; else pure and traceable (capturable, differentiable, compiled)

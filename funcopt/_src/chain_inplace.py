@@ -1,0 +1,520 @@
+"""A chain of building blocks, stepped in place by the adapter (`fo.Optimizer`).
+
+``fo.Optimizer(params, lambda lr, weight_decay: fo.chain(fo.scale_by_adam(),
+fo.add_decayed_weights(weight_decay), fo.scale_by_learning_rate(lr)), ...)`` would run
+the chain's pure update (a dozen fresh full-size tensors per param), then write the
+results back. Here a chain of known blocks (`plan`) is run as the engine runs an
+`Algorithm` (``inplace.py``): blocks of large tensors, chunks of tiny ones, foreach
+lists off the CPU, with the state's own tensors updated in place.
+
+How: each block's per-step scalars (bias corrections from its count, schedule values)
+are computed once per group, with the pure update's own functions on the count tensors,
+then read as Python numbers in each leaf's dtype (``coef``'s cast). Its per-element
+math, written against the engine's ``o`` ops, runs on a work tensor ``u`` (at first the
+gradient, only read), block after block, and the step ends ``p += u``; a trailing
+`scale` (the learning rate) is folded into that add.
+
+The state is the pure path's, slot for slot (the names `adapter._slots` gives, a
+group's shared counts written as `_step_functional` writes them), so either path may
+take any step. The values are the pure path's to float32 rounding, not bit for bit:
+the moving averages take one fused op each, as torch's Adam (``lerp_``, ``addcmul_``),
+where the pure update rounds two products and a sum; weight decay and the learning rate
+are adds with ``alpha``; Adam's ``mu / correction / denominator`` is one ``addcdiv``.
+That keeps the step within about 1.1x of fo.AdamW's (benchmarks/chain_step.py); in
+place with the pure update's roundings (each product and sum apart), it took about 1.5x.
+
+Anything else (another transformation, a mask, a ``mu_dtype``, complex or sparse
+gradients, a tensor subclass, autograd recording, a tracer, capturable) keeps the pure
+path: `step` returns False.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.autograd import forward_ad
+
+from . import base, inplace, transforms, wrappers
+from .base import EmptyState, GradientTransformation
+from .clipping import _clip_by_global_norm_update, _clip_update, coef, global_norm
+from .ops import Fresh, TensorList, nonzero
+from .transforms import (
+    EmaState,
+    ScaleByAdamState,
+    ScaleByRmsState,
+    ScaleByRmsWithCountState,
+    ScaleByScheduleState,
+    TraceState,
+    WeightDecaySchedule,
+    _bias_correction,
+    _increment,
+)
+from .wrappers import ScheduledState, _at
+
+_FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+_PLAIN = (Tensor, torch.nn.Parameter)
+
+Math = Callable[..., tuple[Any, bool]]
+"""A block's per-element math: ``math(o, u, owned, p, buffers, coefficients) -> (u,
+owned)``. `u` is the update so far; the math may write it in place only where `owned`
+(else it is the gradient or a state buffer). It updates its `buffers` in place."""
+
+
+def _num(value: Any, dtype: torch.dtype) -> Any:
+    """A hyperparameter or per-step scalar as the pure update's ``coef`` makes it for a
+    leaf of `dtype`, as a Python number: a tensor cast to `dtype`, a number as it is."""
+    return value.to(dtype).item() if isinstance(value, Tensor) else value
+
+
+# ---------------------------------------------------------------- the blocks' math
+
+
+def _scale_math(o: Any, u: Any, owned: bool, p: Any, buffers: Sequence[Any], c: Sequence[Any]) -> Any:
+    return (o.mul_(u, c[0]) if owned else o.mul(u, c[0])), True
+
+
+def _sign_math(o: Any, u: Any, owned: bool, p: Any, buffers: Sequence[Any], c: Sequence[Any]) -> Any:
+    return o.sign(u), True
+
+
+def _zero_math(o: Any, u: Any, owned: bool, p: Any, buffers: Sequence[Any], c: Sequence[Any]) -> Any:
+    if isinstance(u, list):
+        return TensorList(torch.zeros_like(t) for t in u), True
+    return torch.zeros_like(u), True
+
+
+def _clip_math(o: Any, u: Any, owned: bool, p: Any, buffers: Sequence[Any], c: Sequence[Any]) -> Any:
+    if not owned:
+        u = o.mul(u, 1)  # a copy, to clamp in place
+    return o.clamp_(u, -c[0], c[0]), True
+
+
+def _decay_math(o: Any, u: Any, owned: bool, p: Any, buffers: Sequence[Any], c: Sequence[Any]) -> Any:
+    # updates + weight_decay * params
+    return (o.add_(u, p, alpha=c[0]) if owned else o.add(u, p, alpha=c[0])), True
+
+
+def _trace_math(
+    nesterov: bool, o: Any, u: Any, owned: bool, p: Any, buffers: Sequence[Any], c: Sequence[Any]
+) -> Any:
+    (decay,) = c
+    t = o.add_(o.mul_(buffers[0], decay), u)  # updates + decay * trace: the pure update's roundings
+    if nesterov:
+        return o.add_(o.mul(t, decay), u), True
+    return t, False
+
+
+def _ema_math(
+    debias: bool, o: Any, u: Any, owned: bool, p: Any, buffers: Sequence[Any], c: Sequence[Any]
+) -> Any:
+    weight, correction = c
+    e = o.lerp_(buffers[0], u, weight)  # (1 - decay) * updates + decay * ema
+    if debias:
+        return o.div(e, correction), True
+    return e, False
+
+
+def _adam_math(
+    nesterov: bool,
+    with_eps_root: bool,
+    o: Any,
+    u: Any,
+    owned: bool,
+    p: Any,
+    buffers: Sequence[Any],
+    c: Sequence[Any],
+) -> Any:
+    one_minus_b1, b2, one_minus_b2, correction1, correction2, eps_root, eps, b1, correction1_next = c
+    mu = o.lerp_(buffers[0], u, one_minus_b1)
+    nu = o.addcmul_(o.mul_(buffers[1], b2), u, u, value=one_minus_b2)
+    denom = o.div(nu, correction2)
+    if with_eps_root:
+        denom = o.add_(denom, eps_root)
+    denom = o.add_(o.sqrt_(denom), eps)
+    if nesterov:  # b1 * mu / correction1_next + (1 - b1) * updates / correction1, as optax
+        mu_hat = o.mul_(o.div(mu, correction1_next), b1)
+        mu_hat = o.add_(mu_hat, o.mul_(o.div(u, correction1), one_minus_b1))
+    elif not isinstance(denom, list):  # mu / correction1 / denom in one pass, into denom
+        return o.addcdiv_(Fresh(denom), mu, denom, value=1 / correction1), True
+    else:
+        mu_hat = o.div(mu, correction1)
+    return o.div_(mu_hat, denom), True
+
+
+def _rms_math(
+    eps_in_sqrt: bool,
+    bias_correction: bool,
+    o: Any,
+    u: Any,
+    owned: bool,
+    p: Any,
+    buffers: Sequence[Any],
+    c: Sequence[Any],
+) -> Any:
+    decay, one_minus_decay, correction, eps = c
+    nu = o.addcmul_(o.mul_(buffers[0], decay), u, u, value=one_minus_decay)
+    if eps_in_sqrt:  # rsqrt(nu_hat + eps) * updates
+        denom = o.add_(o.div(nu, correction), eps) if bias_correction else o.add(nu, eps)
+        factor = o.reciprocal_(o.sqrt_(denom))
+    else:  # 1 / (sqrt(nu_hat) + eps) * updates
+        root = o.sqrt_(o.div(nu, correction)) if bias_correction else o.sqrt(nu)
+        factor = o.reciprocal_(o.add_(root, eps))
+    return o.mul_(factor, u), True
+
+
+# ---------------------------------------------------------------- the plan
+
+
+class _Block:
+    """One block of a planned chain: its math, the slots of its per-param buffers, the
+    raw scalars its math takes (numbers or 0-d tensors), and whether it is a `scale`."""
+
+    def __init__(self, math: Math, slots: Sequence[str], scalars: Sequence[Any], scale: bool = False) -> None:
+        self.math, self.slots, self.scalars, self.scale = math, tuple(slots), tuple(scalars), scale
+
+
+class Plan:
+    """A chain of known blocks, as the engine runs an `Algorithm`: ``elementwise`` is the
+    whole chain's math on one set of tensors (or `ForEach` lists), ``p += u`` at the end."""
+
+    def __init__(self, blocks: list[_Block], counts: list[tuple[str, Tensor]]) -> None:
+        alpha: Any = 1
+        if blocks and blocks[-1].scale:  # the learning rate: folded into the last add
+            alpha = blocks.pop().scalars[0]
+        self.blocks, self.alpha = blocks, alpha
+        self.counts = counts
+        """The group's shared slots (counts) and their new values."""
+        self.slots = tuple(name for block in blocks for name in block.slots)
+        """The per-param buffers' slots, in the order the math takes them."""
+        self._coefficients: dict[torch.dtype, Any] = {}
+
+    def coefficients(self, dtype: torch.dtype) -> Any:
+        """Each block's scalars, and the last add's alpha, for leaves of `dtype`."""
+        found = self._coefficients.get(dtype)
+        if found is None:
+            found = self._coefficients[dtype] = (
+                tuple(tuple(_num(x, dtype) for x in block.scalars) for block in self.blocks),
+                _num(self.alpha, dtype),
+            )
+        return found
+
+    def elementwise(self, o: Any, out: Any, p: Any, g: Any, *rest: Any, **_: Any) -> tuple[Any, list[Any]]:
+        """`inplace.run`'s call: the chain's math, in place in `out` (the param) and the buffers."""
+        *buffers, (coefficients, alpha) = rest
+        u, owned, i = g, False, 0
+        for block, c in zip(self.blocks, coefficients):
+            k = len(block.slots)
+            u, owned = block.math(o, u, owned, p, buffers[i : i + k], c)
+            i += k
+        return o.add_(out, u, alpha=alpha), buffers
+
+
+class _Planner:
+    """Walks a transformation alongside its state's layout (slot names in place of the
+    tensors) and collects the blocks; False where something is not known."""
+
+    def __init__(self, shared: dict[str, Any], per_param: dict[str, bool], grads: list[Tensor]) -> None:
+        self.shared_values, self.per_param, self.grads = shared, per_param, grads
+        self.blocks: list[_Block] = []
+        self.counts: list[tuple[str, Tensor]] = []
+        self.later: list[Callable[[], None]] = []
+        """What to compute once the whole chain is known (reads of all the gradients)."""
+
+    def walk(self, transform: Any, node: Any) -> bool:
+        update = getattr(transform, "update", None)
+        if isinstance(update, functools.partial):
+            handler = _PARTIALS.get(update.func)
+            return handler is not None and not update.keywords and handler(self, node, *update.args)
+        if not isinstance(update, types.FunctionType) or update not in _STATELESS:
+            return False
+        math = _STATELESS[update]
+        if math is not None:  # None: identity, no block
+            self.blocks.append(_Block(math, (), ()))
+        return isinstance(node, EmptyState)
+
+    def count(self, name: Any) -> Tensor | None:
+        """The group's count at slot `name`, recording its new value."""
+        if not isinstance(name, str) or self.per_param.get(name) is not False:
+            return None
+        count = self.shared_values.get(name)
+        if not isinstance(count, Tensor) or count.dim() != 0 or not base.readable(count):
+            return None
+        self.counts.append((name, _increment(count)))
+        return count
+
+    def add(self, math: Math, slots: Sequence[Any], scalars: Sequence[Any], scale: bool = False) -> bool:
+        if not all(isinstance(name, str) and self.per_param.get(name) for name in slots):
+            return False
+        if not all(_scalar(x) for x in scalars):
+            return False
+        self.blocks.append(_Block(math, slots, scalars, scale))
+        return True
+
+
+def _scalar(x: Any) -> bool:
+    """Whether the math can take `x` as a number: a real number or 0-d real tensor."""
+    if isinstance(x, Tensor):
+        return x.dim() == 0 and not x.is_complex() and base.readable(x)
+    return isinstance(x, (int, float))
+
+
+_STATELESS: dict[Any, Math | None] = {
+    transforms._identity_update: None,
+    transforms._sign_update: _sign_math,
+    transforms._set_to_zero_update: _zero_math,
+}
+
+
+def _chain(planner: _Planner, node: Any, parts: Sequence[GradientTransformation]) -> bool:
+    return (
+        type(node) is tuple
+        and len(node) == len(parts)
+        and all(planner.walk(t, s) for t, s in zip(parts, node))
+    )
+
+
+def _named_chain(planner: _Planner, node: Any, parts: Sequence[tuple[str, GradientTransformation]]) -> bool:
+    names = [name for name, _ in parts]
+    return (
+        isinstance(node, dict)
+        and sorted(node) == sorted(names)
+        and all(planner.walk(t, node[name]) for name, t in parts)
+    )
+
+
+def _scheduled(planner: _Planner, node: Any, factory: Any, fixed: Any, schedules: Any) -> bool:
+    if not isinstance(node, ScheduledState):
+        return False
+    count = planner.count(node.count)
+    if count is None:
+        return False
+    # as `_scheduled_update`: the schedules at the count as a Python int
+    values = {k: _at(v, count.item()) for k, v in schedules.items()}
+    return planner.walk(factory(**fixed, **values), node.inner_state)
+
+
+def _scale(planner: _Planner, node: Any, step_size: Any) -> bool:
+    return isinstance(node, EmptyState) and planner.add(_scale_math, (), (step_size,), scale=True)
+
+
+def _schedule(planner: _Planner, node: Any, step_size_fn: Any) -> bool:
+    if not isinstance(node, ScaleByScheduleState):
+        return False
+    count = planner.count(node.count)
+    return count is not None and planner.add(_scale_math, (), (step_size_fn(count),), scale=True)
+
+
+def _decay(planner: _Planner, node: Any, weight_decay: Any) -> bool:
+    if callable(weight_decay):
+        if not isinstance(node, WeightDecaySchedule):
+            return False
+        count = planner.count(node.count)
+        if count is None:
+            return False
+        weight_decay = weight_decay(count)
+    elif not isinstance(node, EmptyState):
+        return False
+    elif not isinstance(weight_decay, Tensor) and weight_decay == 0:  # as the pure update: nothing
+        return True
+    return planner.add(_decay_math, (), (weight_decay,))
+
+
+def _clip(planner: _Planner, node: Any, max_delta: Any) -> bool:
+    return isinstance(node, EmptyState) and planner.add(_clip_math, (), (max_delta,))
+
+
+def _global_clip(planner: _Planner, node: Any, max_norm: Any) -> bool:
+    """`clip_by_global_norm` where the updates are still the gradients (first in the
+    chain): their norm, and the factor, as `_clip_by_global_norm_update` computes them."""
+    if not isinstance(node, EmptyState) or planner.blocks:
+        return False
+    if not all(type(g) in _PLAIN and g.layout is torch.strided and g.dtype in _FLOATS for g in planner.grads):
+        return False
+    if not _scalar(max_norm):
+        return False
+    block = _Block(_scale_math, (), (None,))
+    planner.blocks.append(block)
+
+    def factor() -> None:  # once the whole chain is known: a chain that is not reads no norm here
+        norm = global_norm(planner.grads)
+        m = coef(max_norm, norm)
+        block.scalars = (m / torch.clamp(norm, min=m),)
+
+    planner.later.append(factor)
+    return True
+
+
+def _trace(planner: _Planner, node: Any, decay: Any, nesterov: bool, accumulator_dtype: Any) -> bool:
+    if accumulator_dtype is not None or not isinstance(node, TraceState):
+        return False
+    return planner.add(functools.partial(_trace_math, bool(nesterov)), (node.trace,), (decay,))
+
+
+def _ema(planner: _Planner, node: Any, decay: Any, debias: bool, accumulator_dtype: Any) -> bool:
+    if accumulator_dtype is not None or not isinstance(node, EmaState):
+        return False
+    count = planner.count(node.count)
+    if count is None:
+        return False
+    correction = _bias_correction(decay, _increment(count)) if debias else 1
+    return planner.add(functools.partial(_ema_math, bool(debias)), (node.ema,), (1 - decay, correction))
+
+
+def _adam(
+    planner: _Planner, node: Any, b1: Any, b2: Any, eps: Any, eps_root: Any, mu_dtype: Any, nesterov: bool
+) -> bool:
+    if mu_dtype is not None or not isinstance(node, ScaleByAdamState):
+        return False
+    count = planner.count(node.count)
+    if count is None:
+        return False
+    count = _increment(count)  # as `_adam_update`
+    correction1, correction2 = _bias_correction(b1, count), _bias_correction(b2, count)
+    correction1_next = _bias_correction(b1, _increment(count)) if nesterov else correction1
+    math = functools.partial(_adam_math, bool(nesterov), nonzero(eps_root))
+    scalars = (1 - b1, b2, 1 - b2, correction1, correction2, eps_root, eps, b1, correction1_next)
+    return planner.add(math, (node.mu, node.nu), scalars)
+
+
+def _rms(
+    planner: _Planner, node: Any, decay: Any, eps: Any, eps_in_sqrt: bool, bias_correction: bool
+) -> bool:
+    correction: Any = 1
+    if bias_correction:
+        if not isinstance(node, ScaleByRmsWithCountState):
+            return False
+        count = planner.count(node.count)
+        if count is None:
+            return False
+        correction = _bias_correction(decay, _increment(count))
+    elif not isinstance(node, ScaleByRmsState):
+        return False
+    math = functools.partial(_rms_math, bool(eps_in_sqrt), bool(bias_correction))
+    return planner.add(math, (node.nu,), (decay, 1 - decay, correction, eps))
+
+
+_PARTIALS: dict[Any, Callable[..., bool]] = {
+    base._chain_update: _chain,
+    transforms._named_chain_update: _named_chain,
+    wrappers._scheduled_update: _scheduled,
+    transforms._scale_update: _scale,
+    transforms._schedule_update: _schedule,
+    transforms._decay_update: _decay,
+    transforms._trace_update: _trace,
+    transforms._ema_update: _ema,
+    transforms._adam_update: _adam,
+    transforms._rms_update: _rms,
+    _clip_update: _clip,
+    _clip_by_global_norm_update: _global_clip,
+}
+
+
+def plan(
+    transform: GradientTransformation, grads: list[Tensor], p: Tensor, state: dict[str, Any]
+) -> Plan | None:
+    """The in-place plan of `transform`'s step for a group with gradients `grads`, whose
+    first param is `p`, with state `state` (a dict of the adapter's slots: the group's
+    shared counts are read there), or None where the chain holds anything not known here."""
+    from .adapter import _slots  # adapter imports this module
+
+    slots, treedef = _slots(transform.init({"0": torch.empty_like(p, device="meta")}))
+    names = [name for name, _, _ in slots]
+    per_param = {name: is_per_param for name, is_per_param, _ in slots}
+    planner = _Planner(state, per_param, grads)
+    if not planner.walk(transform, treedef.unflatten(names)):
+        return None
+    for compute in planner.later:
+        compute()
+    return Plan(planner.blocks, planner.counts)
+
+
+# ---------------------------------------------------------------- the step
+
+
+def _plain(p: Tensor, g: Tensor, buffers: Sequence[Any]) -> bool:
+    """Whether a param, its gradient and its buffers are plain dense real tensors of one
+    dtype, shape and device (else the pure path steps, and says what is wrong)."""
+    dtype, shape, device = p.dtype, p.shape, p.device
+    if not (
+        type(p) in _PLAIN
+        and type(g) in _PLAIN
+        and dtype in _FLOATS
+        and g.dtype is dtype
+        and g.layout is torch.strided
+        and g.shape == shape
+        and g.device == device
+    ):
+        return False
+    for b in buffers:
+        if not (type(b) is Tensor and b.dtype is dtype and b.shape == shape and b.device == device):
+            return False
+    return True
+
+
+def step(
+    transform: GradientTransformation,
+    params: list[Tensor],
+    grads: list[Tensor],
+    states: list[dict[str, Any]],
+    skipped: list[dict[str, Any]],
+    capturable: bool = False,
+) -> bool:
+    """`Optimizer._step_functional`'s step of a group, in place, where `transform` is a
+    chain of known blocks and nothing needs the pure update (see the module's text).
+    Returns whether it stepped; False changes nothing."""
+    if (
+        torch.compiler.is_compiling()  # first: a compiled step reads no further
+        or capturable
+        or base.tracing()
+        or forward_ad._current_level >= 0
+        or (torch.is_grad_enabled() and base.records(params, grads))
+        or len({id(p) for p in params}) != len(params)
+    ):
+        return False
+    found = plan(transform, grads, params[0], states[0])
+    if found is None:
+        return False
+    rows = []  # every check comes before anything changes
+    for p, g, state in zip(params, grads, states):
+        try:
+            buffers = [state[name] for name in found.slots]
+        except KeyError:  # the pure path says what is missing
+            return False
+        if not _plain(p, g, buffers):
+            return False
+        rows.append(buffers)
+    chunks = inplace.Chunks(found, {})  # small params on the CPU
+    lists: dict[Any, list[list[Tensor]]] = {}  # (dtype, device) -> columns (GPUs)
+    for p, g, buffers in zip(params, grads, rows):
+        dtype, device, numel = p.dtype, p.device, p.numel()
+        coefficients = found.coefficients(dtype)
+        if inplace.use_lists(device):
+            columns = lists.setdefault((dtype, device), [[] for _ in range(2 + len(buffers))])
+            for column, t in zip(columns, (p, g, *buffers)):
+                column.append(t)
+        elif numel <= inplace.TINY:
+            chunks.add((dtype, device), coefficients, p, g, buffers, numel)
+        elif numel > inplace.SEGMENT and inplace.blockable(p, *buffers):
+            inplace.run_blocks(found, coefficients, {}, p, p, g, buffers)
+        else:
+            inplace.run(found, coefficients, {}, p, p, g, buffers)
+    chunks.run()
+    for (dtype, _), columns in lists.items():
+        inplace.run_lists(found, found.coefficients(dtype), {}, columns)
+    _write_counts(found.counts, states + skipped)
+    return True
+
+
+def _write_counts(counts: list[tuple[str, Tensor]], states: list[dict[str, Any]]) -> None:
+    """The group's new counts, written as `_step_functional` writes a shared slot: once
+    into each distinct tensor that holds it."""
+    from .adapter import _assign, _distinct
+
+    for name, value in counts:
+        for state in _distinct(states, name):
+            _assign(state, name, value)
