@@ -606,26 +606,33 @@ def _adam_scalars(
 ) -> Any:
     """`_adam_math`'s coefficients at the step whose count (incremented) is `count`."""
     correction1, correction2 = _bias_correction(b1, count), _bias_correction(b2, count)
-    correction1_next = _bias_correction(b1, _increment(count)) if nesterov else correction1
-    return 1 - b1, 1 - b2, correction1, correction2, eps_root, eps, b1, correction1_next
+    if nesterov:
+        correction1_next = _bias_correction(b1, _increment(count))
+        return 1 - b1, 1 - b2, correction2, eps_root, eps, b1, correction1, correction1_next
+    # mu_hat / (sqrt(nu_hat + eps_root) + eps), with c1, c2 the corrections, is
+    # mu / (sqrt(nu * c1**2 / c2 + eps_root * c1**2) + eps * c1): an op fewer per element
+    square = correction1 * correction1
+    return 1 - b1, 1 - b2, correction2 / square, eps_root * square, eps * correction1
 
 
 def _adam_math(
     nesterov: bool, with_eps_root: bool, o: Any, u: Any, owned: bool, p: Any, buffers: Any, c: Any
 ) -> Any:
-    """``mu_hat / (sqrt(nu_hat + eps_root) + eps)``, the moving averages each one lerp."""
+    """``mu_hat / (sqrt(nu_hat + eps_root) + eps)``, the moving averages each one lerp;
+    its coefficients as `_adam_scalars` gives them."""
     m0, v0 = buffers
-    one_minus_b1, one_minus_b2, correction1, correction2, eps_root, eps, b1, correction1_next = c
+    one_minus_b1, one_minus_b2, nu_scale, eps_root, eps = c[:5]
     mu = o.lerp_(m0, u, one_minus_b1)
     nu = o.lerp_(v0, _square(o, u), one_minus_b2)
-    denom = o.div(nu, correction2)
+    denom = o.div(nu, nu_scale)  # nu_hat: nu / c2; nesterov or not, nu * c1**2 / c2
     if with_eps_root:
         denom = o.add_(denom, eps_root)
     denom = o.add_(o.sqrt_(denom), eps)
-    if nesterov:  # Dozat 2016, as optax: b1 * mu / correction1_next + (1 - b1) * updates / correction1
-        m_hat = o.add_(o.mul_(o.div(mu, correction1_next), b1), o.mul_(o.div(u, correction1), one_minus_b1))
-    else:
-        m_hat = o.div(mu, correction1)
+    if not nesterov:
+        return o.div(mu, denom), True, (mu, nu)
+    # Dozat 2016, as optax: b1 * mu / correction1_next + (1 - b1) * updates / correction1
+    b1, correction1, correction1_next = c[5:]
+    m_hat = o.add_(o.mul_(o.div(mu, correction1_next), b1), o.mul_(o.div(u, correction1), one_minus_b1))
     return o.div_(m_hat, denom), True, (mu, nu)
 
 
