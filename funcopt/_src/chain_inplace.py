@@ -10,18 +10,25 @@ lists off the CPU, with the state's own tensors updated in place.
 How: each block's per-step scalars (bias corrections from its count, schedule values)
 are computed once per group, with the pure update's own functions on the count tensors,
 then read as Python numbers in each leaf's dtype (``coef``'s cast). Its per-element
-math, written against the engine's ``o`` ops, runs on a work tensor ``u`` (at first the
-gradient, only read), block after block, and the step ends ``p += u``; a trailing
-`scale` (the learning rate) is folded into that add.
+math is the pure update's own (``_adam_math`` and the others in transforms.py, written
+against the engine's ``o`` ops: `Pure` there, `InPlace` or `ForEach` here). It runs on a
+work tensor ``u`` (at first the gradient, only read), block after block, and the step
+ends ``p += u``, as the pure path's ``p.add_(update)``.
 
 The state is the pure path's, slot for slot (the names `adapter._slots` gives, a
-group's shared counts written as `_step_functional` writes them), so either path may
-take any step. The values are the pure path's to float32 rounding, not bit for bit:
-the moving averages take one fused op each, as torch's Adam (``lerp_``, ``addcmul_``),
-where the pure update rounds two products and a sum; weight decay and the learning rate
-are adds with ``alpha``; Adam's ``mu / correction / denominator`` is one ``addcdiv``.
-That keeps the step within about 1.1x of fo.AdamW's (benchmarks/chain_step.py); in
-place with the pure update's roundings (each product and sum apart), it took about 1.5x.
+group's shared counts written as `_step_functional` writes them), and the values are
+the pure path's bit for bit (float32, float64, bfloat16, float16): the same torch ops in
+the same order, each elementwise, so neither the blocks of a large tensor nor the
+concatenated chunks of tiny ones change an element. Hence what it does not fuse: the
+learning rate is a product, then the param's add (the pure update returns the scaled
+update); weight decay is one ``add`` with ``alpha`` only for a number in float32 or
+float64 (`transforms.fuses`: a tensor is a product in the pure update, and torch's
+bfloat16 and float16 add with ``alpha`` rounds differently in a vectorized run's tail,
+which a block boundary moves). The moving averages are ``lerp`` in both faces. The
+step is about 1.1x fo.AdamW's (benchmarks/chain_step.py). Checked on the CPU (tests/
+test_chain_inplace.py); off the CPU the step takes ``torch._foreach_*`` kernels, where
+the pure update takes per-tensor ones: bit for bit there as far as torch's kernels of
+the two kinds round alike (not checked here).
 
 Anything else (another transformation, a mask, a ``mu_dtype``, complex or sparse
 gradients, a tensor subclass, autograd recording, a tracer, capturable) keeps the pure
