@@ -624,7 +624,7 @@ def _adam_math(
     one_minus_b1, one_minus_b2, nu_scale, eps_root, eps = c[:5]
     mu = o.lerp_(m0, u, one_minus_b1)
     nu = o.lerp_(v0, _square(o, u), one_minus_b2)
-    denom = o.div(nu, nu_scale)  # nu_hat: nu / c2; nesterov or not, nu * c1**2 / c2
+    denom = o.div(nu, nu_scale)  # nu / c2 with nesterov, else nu * c1**2 / c2 (`_adam_scalars`)
     if with_eps_root:
         denom = o.add_(denom, eps_root)
     denom = o.add_(o.sqrt_(denom), eps)
@@ -722,8 +722,8 @@ def _rms_update(
 
 
 def _rms_scalars(decay: Scalar, eps: Scalar, count: Tensor | None) -> tuple[Any, ...]:
-    """`_rms_math`'s coefficients at the step whose count (incremented) is `count`, None
-    without bias correction."""
+    """`_rms_math`'s coefficients at the step whose count (incremented) is `count` (None
+    without bias correction)."""
     return 1 - decay, 1 if count is None else _bias_correction(decay, count), eps
 
 
