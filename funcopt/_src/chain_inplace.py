@@ -318,7 +318,9 @@ def _adam(
     if count is None:
         return False
     scalars = transforms._adam_scalars(b1, b2, eps, eps_root, nesterov, _increment(count))
-    math = functools.partial(transforms._adam_math, bool(nesterov), nonzero(eps_root))
+    math = functools.partial(
+        transforms._adam_math, bool(nesterov), nonzero(eps_root), not isinstance(b2, Tensor)
+    )
     return planner.add(math, (node.mu, node.nu), scalars)
 
 
@@ -335,7 +337,8 @@ def _rms(
         count = _increment(count)
     elif not isinstance(node, ScaleByRmsState):
         return False
-    math = functools.partial(transforms._rms_math, bool(eps_in_sqrt), bool(bias_correction))
+    fused = not isinstance(decay, Tensor)
+    math = functools.partial(transforms._rms_math, bool(eps_in_sqrt), bool(bias_correction), fused)
     return planner.add(math, (node.nu,), transforms._rms_scalars(decay, eps, count))
 
 

@@ -158,6 +158,15 @@ def _square(o: Any, u: Any) -> Any:
     return o.mul(u, u)
 
 
+def _average_of_squares(o: Any, fused: bool, v0: Any, u: Any, decay: Any, one_minus_decay: Any) -> Any:
+    """``decay * v0 + (1 - decay) * |u|^2``, in place in `v0` with `InPlace`. `fused`
+    where the decay is a number (not a tensor: traced, batched), as torch's Adam: ``mul_``,
+    then ``addcmul_`` (`Pure` takes a tensor value of ``addcmul`` apart); else one lerp."""
+    if not fused or (isinstance(u, Tensor) and u.is_complex()):
+        return o.lerp_(v0, _square(o, u), one_minus_decay)
+    return o.addcmul_(o.mul_(v0, decay), u, u, value=one_minus_decay)
+
+
 FUSED_ADD = (torch.float32, torch.float64)
 """The dtypes in which ``x + c * y`` is one ``torch.add(x, y, alpha=c)``. In bfloat16 and
 float16 torch's CPU kernel rounds it differently in a vectorized run's body and in its
@@ -588,7 +597,7 @@ def _adam_update(
     (gs, ms, vs), unflatten = _columns(who, updates, state, ("mu", "nu"))
     count = _increment(state.count)
     scalars = _adam_scalars(b1, b2, eps, eps_root, nesterov, count)
-    math = functools.partial(_adam_math, nesterov, nonzero(eps_root))
+    math = functools.partial(_adam_math, nesterov, nonzero(eps_root), not isinstance(b2, Tensor))
     out, new_m, new_v = list(gs), list(ms), list(vs)
     for i, (g, m0, v0) in enumerate(zip(gs, ms, vs)):
         if g is None:
@@ -608,22 +617,30 @@ def _adam_scalars(
     correction1, correction2 = _bias_correction(b1, count), _bias_correction(b2, count)
     if nesterov:
         correction1_next = _bias_correction(b1, _increment(count))
-        return 1 - b1, 1 - b2, correction2, eps_root, eps, b1, correction1, correction1_next
+        return 1 - b1, b2, 1 - b2, correction2, eps_root, eps, b1, correction1, correction1_next
     # mu_hat / (sqrt(nu_hat + eps_root) + eps), with c1, c2 the corrections, is
     # mu / (sqrt(nu * c1**2 / c2 + eps_root * c1**2) + eps * c1): an op fewer per element
     square = correction1 * correction1
-    return 1 - b1, 1 - b2, correction2 / square, eps_root * square, eps * correction1
+    return 1 - b1, b2, 1 - b2, correction2 / square, eps_root * square, eps * correction1
 
 
 def _adam_math(
-    nesterov: bool, with_eps_root: bool, o: Any, u: Any, owned: bool, p: Any, buffers: Any, c: Any
+    nesterov: bool,
+    with_eps_root: bool,
+    fused: bool,
+    o: Any,
+    u: Any,
+    owned: bool,
+    p: Any,
+    buffers: Any,
+    c: Any,
 ) -> Any:
-    """``mu_hat / (sqrt(nu_hat + eps_root) + eps)``, the moving averages each one lerp;
-    its coefficients as `_adam_scalars` gives them."""
+    """``mu_hat / (sqrt(nu_hat + eps_root) + eps)``, the first moment one lerp; its
+    coefficients as `_adam_scalars` gives them, `fused` where `b2` is not a tensor."""
     m0, v0 = buffers
-    one_minus_b1, one_minus_b2, nu_scale, eps_root, eps = c[:5]
+    one_minus_b1, b2, one_minus_b2, nu_scale, eps_root, eps = c[:6]
     mu = o.lerp_(m0, u, one_minus_b1)
-    nu = o.lerp_(v0, _square(o, u), one_minus_b2)
+    nu = _average_of_squares(o, fused, v0, u, b2, one_minus_b2)
     denom = o.div(nu, nu_scale)  # nu / c2 with nesterov, else nu * c1**2 / c2 (`_adam_scalars`)
     if with_eps_root:
         denom = o.add_(denom, eps_root)
@@ -631,7 +648,7 @@ def _adam_math(
     if not nesterov:
         return o.div(mu, denom), True, (mu, nu)
     # Dozat 2016, as optax: b1 * mu / correction1_next + (1 - b1) * updates / correction1
-    b1, correction1, correction1_next = c[5:]
+    b1, correction1, correction1_next = c[6:]
     m_hat = o.add_(o.mul_(o.div(mu, correction1_next), b1), o.mul_(o.div(u, correction1), one_minus_b1))
     return o.div_(m_hat, denom), True, (mu, nu)
 
@@ -709,7 +726,7 @@ def _rms_update(
     (gs, vs), unflatten = _columns(who, updates, state, ("nu",))
     count = _increment(state.count) if bias_correction else None
     scalars = _rms_scalars(decay, eps, count)
-    math = functools.partial(_rms_math, eps_in_sqrt, bias_correction)
+    math = functools.partial(_rms_math, eps_in_sqrt, bias_correction, not isinstance(decay, Tensor))
     out, new = list(gs), list(vs)
     for i, (g, v0) in enumerate(zip(gs, vs)):
         if g is None:
@@ -724,16 +741,24 @@ def _rms_update(
 def _rms_scalars(decay: Scalar, eps: Scalar, count: Tensor | None) -> tuple[Any, ...]:
     """`_rms_math`'s coefficients at the step whose count (incremented) is `count` (None
     without bias correction)."""
-    return 1 - decay, 1 if count is None else _bias_correction(decay, count), eps
+    return decay, 1 - decay, 1 if count is None else _bias_correction(decay, count), eps
 
 
 def _rms_math(
-    eps_in_sqrt: bool, bias_correction: bool, o: Any, u: Any, owned: bool, p: Any, buffers: Any, c: Any
+    eps_in_sqrt: bool,
+    bias_correction: bool,
+    fused: bool,
+    o: Any,
+    u: Any,
+    owned: bool,
+    p: Any,
+    buffers: Any,
+    c: Any,
 ) -> Any:
-    """``updates / sqrt(nu_hat + eps)``, or ``updates / (sqrt(nu_hat) + eps)``, the moving
-    average one lerp."""
-    ((v0,), (one_minus_decay, correction, eps)) = buffers, c
-    nu = o.lerp_(v0, _square(o, u), one_minus_decay)
+    """``updates / sqrt(nu_hat + eps)``, or ``updates / (sqrt(nu_hat) + eps)``; `fused`
+    where `decay` is not a tensor."""
+    ((v0,), (decay, one_minus_decay, correction, eps)) = buffers, c
+    nu = _average_of_squares(o, fused, v0, u, decay, one_minus_decay)
     if eps_in_sqrt:  # nu_hat + eps: a new tensor (nu is the state)
         denom = o.add_(o.div(nu, correction), eps) if bias_correction else o.add(nu, eps)
         denom = o.sqrt_(denom)
