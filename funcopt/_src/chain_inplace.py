@@ -21,11 +21,15 @@ the pure path's bit for bit (float32, float64, bfloat16, float16): the same torc
 the same order, each elementwise, so neither the blocks of a large tensor nor the
 concatenated chunks of tiny ones change an element. Hence what it does not fuse: the
 learning rate is a product, then the param's add (the pure update returns the scaled
-update); weight decay is one ``add`` with ``alpha`` only for a number in float32 or
-float64 (`transforms.fuses`: a tensor is a product in the pure update, and torch's
+update). And the fused ops are those the pure update can take for its hyperparameters:
+weight decay is an ``add`` with ``alpha`` for a number in float32 or float64, else an
+``addcmul`` with a 0-d tensor (`transforms.fuses`: ``alpha`` takes no tensor, and torch's
 bfloat16 and float16 add with ``alpha`` rounds differently in a vectorized run's tail,
-which a block boundary moves). The moving averages are ``lerp`` in both faces. The
-step is about 1.1x fo.AdamW's (benchmarks/chain_step.py). Checked on the CPU (tests/
+which a block boundary moves); a second moment is ``mul_`` then ``addcmul_`` for a
+number decay, one ``lerp`` for a tensor (``addcmul``'s ``value`` takes no tensor); a
+first moment is a ``lerp``. Adam's step is ``mu / (sqrt(nu * c1**2 / c2) + eps * c1)``
+(``transforms._adam_scalars``), no ``addcdiv``. The step is about 1.15x fo.AdamW's
+(benchmarks/chain_step.py). Checked on the CPU (tests/
 test_chain_inplace.py); off the CPU the step takes ``torch._foreach_*`` kernels, where
 the pure update takes per-tensor ones: bit for bit there as far as torch's kernels of
 the two kinds round alike (not checked here).
@@ -115,8 +119,8 @@ class _Block:
 
 
 class _Fuses(NamedTuple):
-    """The coefficient ``fuses(c, dtype)`` of a raw scalar `c`, for leaves of each dtype:
-    whether the pure update takes ``x + c * y`` as one fused add."""
+    """The coefficient ``transforms.fuses(c, dtype)`` of a raw scalar `c`, for leaves of
+    each dtype: whether the pure update takes ``x + c * y`` as an add with ``alpha``."""
 
     c: Any
 

@@ -32,7 +32,7 @@ from .base import (
 )
 from .clipping import Scalar, abs_sq, adaptive_grad_clip, clip, clip_by_block_rms, coef, map_updates
 from .masking import masked
-from .ops import Pure, nonzero
+from .ops import Pure, TensorList, nonzero
 from .wrappers import accepts_schedules
 
 __all__ = [
@@ -168,17 +168,28 @@ def _average_of_squares(o: Any, fused: bool, v0: Any, u: Any, decay: Any, one_mi
 
 
 FUSED_ADD = (torch.float32, torch.float64)
-"""The dtypes in which ``x + c * y`` is one ``torch.add(x, y, alpha=c)``. In bfloat16 and
+"""The dtypes in which ``x + c * y`` may be ``torch.add(x, y, alpha=c)``. In bfloat16 and
 float16 torch's CPU kernel rounds it differently in a vectorized run's body and in its
 scalar tail, so where a tensor is cut into blocks or concatenated with others (the
-in-place step) would change its elements: there it is a product, then a sum."""
+in-place step) would change its elements."""
 
 
 def fuses(c: Any, dtype: torch.dtype) -> bool:
-    """Whether ``x + c * y`` takes the fused add for a coefficient `c` on leaves of
-    `dtype`: a number (a tensor is a product with `Pure`: traceable, batchable) in one
-    of `FUSED_ADD`."""
+    """Whether ``x + c * y`` is an add with ``alpha=c`` for a coefficient `c` on leaves of
+    `dtype`: a number (``alpha`` takes no tensor) in one of `FUSED_ADD`. Else it is
+    ``torch.addcmul(x, y, c)``, `c` a 0-d tensor, which rounds alike wherever an element
+    falls, in every dtype."""
     return not isinstance(c, Tensor) and dtype in FUSED_ADD
+
+
+def _scalar_tensor(c: Any, like: Any) -> Any:
+    """`c` as a 0-d tensor of `like`'s dtype and device (a `TensorList` of them for a
+    list): a number made into one, a tensor (`coef`'s) cast."""
+    if isinstance(like, list):
+        return TensorList(_scalar_tensor(c, t) for t in like)
+    if isinstance(c, Tensor):
+        return c if c.dtype == like.dtype else c.to(like.dtype)
+    return torch.full((), c, dtype=like.dtype, device=like.device)
 
 
 # ---------------------------------------------------------------- stateless
@@ -385,11 +396,13 @@ def _decay_update(
 
 
 def _decay_math(o: Any, u: Any, owned: bool, p: Any, buffers: Any, c: Any) -> Any:
-    """``updates + weight_decay * params``; `c` is ``(weight_decay, fuses(...))``."""
+    """``updates + weight_decay * params``, one op (see `fuses`); `c` is
+    ``(weight_decay, fuses(weight_decay, dtype))``."""
     weight_decay, fused = c
-    if not fused:
-        return o.add_(o.mul(p, weight_decay), u), True, ()
-    return (o.add_(u, p, alpha=weight_decay) if owned else o.add(u, p, alpha=weight_decay)), True, ()
+    if fused:
+        return (o.add_(u, p, alpha=weight_decay) if owned else o.add(u, p, alpha=weight_decay)), True, ()
+    w = _scalar_tensor(weight_decay, u)
+    return (o.addcmul_(u, p, w) if owned else o.addcmul(u, p, w)), True, ()
 
 
 def _without_extra_args(
