@@ -156,7 +156,7 @@ class Plan:
             block_buffers = buffers[i : i + k]
             u, owned, new = block.math(o, u, owned, p, block_buffers, c)
             for old, value in zip(block_buffers, new):
-                if value is not old:  # an in-place op returns its tensor: never, in fact
+                if value is not old:  # a guard: the in-place ops return their first argument
                     o.copy_(old, value)
             i += k
         return o.add_(out, u), buffers
