@@ -10,18 +10,29 @@ lists off the CPU, with the state's own tensors updated in place.
 How: each block's per-step scalars (bias corrections from its count, schedule values)
 are computed once per group, with the pure update's own functions on the count tensors,
 then read as Python numbers in each leaf's dtype (``coef``'s cast). Its per-element
-math, written against the engine's ``o`` ops, runs on a work tensor ``u`` (at first the
-gradient, only read), block after block, and the step ends ``p += u``; a trailing
-`scale` (the learning rate) is folded into that add.
+math is the pure update's own (``_adam_math`` and the others in transforms.py, written
+against the engine's ``o`` ops: `Pure` there, `InPlace` or `ForEach` here). It runs on a
+work tensor ``u`` (at first the gradient, only read), block after block, and the step
+ends ``p += u``, as the pure path's ``p.add_(update)``.
 
 The state is the pure path's, slot for slot (the names `adapter._slots` gives, a
-group's shared counts written as `_step_functional` writes them), so either path may
-take any step. The values are the pure path's to float32 rounding, not bit for bit:
-the moving averages take one fused op each, as torch's Adam (``lerp_``, ``addcmul_``),
-where the pure update rounds two products and a sum; weight decay and the learning rate
-are adds with ``alpha``; Adam's ``mu / correction / denominator`` is one ``addcdiv``.
-That keeps the step within about 1.1x of fo.AdamW's (benchmarks/chain_step.py); in
-place with the pure update's roundings (each product and sum apart), it took about 1.5x.
+group's shared counts written as `_step_functional` writes them), and the values are
+the pure path's bit for bit (float32, float64, bfloat16, float16): the same torch ops in
+the same order, each elementwise, so neither the blocks of a large tensor nor the
+concatenated chunks of tiny ones change an element. Hence what it does not fuse: the
+learning rate is a product, then the param's add (the pure update returns the scaled
+update). And the fused ops are those the pure update can take for its hyperparameters:
+weight decay is an ``add`` with ``alpha`` for a number in float32 or float64, else an
+``addcmul`` with a 0-d tensor (`transforms.fuses`: ``alpha`` takes no tensor, and torch's
+bfloat16 and float16 add with ``alpha`` rounds differently in a vectorized run's tail,
+which a block boundary moves); a second moment is ``mul_`` then ``addcmul_`` for a
+number decay, one ``lerp`` for a tensor (``addcmul``'s ``value`` takes no tensor); a
+first moment is a ``lerp``. Adam's step is ``mu / (sqrt(nu * c1**2 / c2) + eps * c1)``
+(``transforms._adam_scalars``), no ``addcdiv``. The step is about 1.15x fo.AdamW's
+(benchmarks/chain_step.py). Checked on the CPU (tests/
+test_chain_inplace.py); off the CPU the step takes ``torch._foreach_*`` kernels, where
+the pure update takes per-tensor ones: bit for bit there as far as torch's kernels of
+the two kinds round alike (not checked here).
 
 Anything else (another transformation, a mask, a ``mu_dtype``, complex or sparse
 gradients, a tensor subclass, autograd recording, a tracer, capturable) keeps the pure
@@ -33,7 +44,7 @@ from __future__ import annotations
 import functools
 import types
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -42,7 +53,7 @@ from torch.autograd import forward_ad
 from . import base, inplace, transforms, wrappers
 from .base import EmptyState, GradientTransformation
 from .clipping import _clip_by_global_norm_update, _clip_update, coef, global_norm
-from .ops import Fresh, TensorList, nonzero
+from .ops import TensorList, nonzero
 from .transforms import (
     EmaState,
     ScaleByAdamState,
@@ -51,7 +62,6 @@ from .transforms import (
     ScaleByScheduleState,
     TraceState,
     WeightDecaySchedule,
-    _bias_correction,
     _increment,
 )
 from .wrappers import ScheduledState, _at
@@ -59,15 +69,18 @@ from .wrappers import ScheduledState, _at
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _PLAIN = (Tensor, torch.nn.Parameter)
 
-Math = Callable[..., tuple[Any, bool]]
+Math = Callable[..., tuple[Any, bool, Sequence[Any]]]
 """A block's per-element math: ``math(o, u, owned, p, buffers, coefficients) -> (u,
-owned)``. `u` is the update so far; the math may write it in place only where `owned`
-(else it is the gradient or a state buffer). It updates its `buffers` in place."""
+owned, new buffers)``, as transforms.py writes it for both faces. `u` is the update so
+far; the math may write it in place only where `owned` (else it is the gradient or a
+state buffer). With `InPlace` and `ForEach` it updates its `buffers` in place."""
 
 
 def _num(value: Any, dtype: torch.dtype) -> Any:
     """A hyperparameter or per-step scalar as the pure update's ``coef`` makes it for a
     leaf of `dtype`, as a Python number: a tensor cast to `dtype`, a number as it is."""
+    if isinstance(value, _Fuses):
+        return transforms.fuses(value.c, dtype)
     return value.to(dtype).item() if isinstance(value, Tensor) else value
 
 
@@ -75,107 +88,41 @@ def _num(value: Any, dtype: torch.dtype) -> Any:
 
 
 def _scale_math(o: Any, u: Any, owned: bool, p: Any, buffers: Sequence[Any], c: Sequence[Any]) -> Any:
-    return (o.mul_(u, c[0]) if owned else o.mul(u, c[0])), True
+    return (o.mul_(u, c[0]) if owned else o.mul(u, c[0])), True, ()
 
 
 def _sign_math(o: Any, u: Any, owned: bool, p: Any, buffers: Sequence[Any], c: Sequence[Any]) -> Any:
-    return o.sign(u), True
+    return o.sign(u), True, ()
 
 
 def _zero_math(o: Any, u: Any, owned: bool, p: Any, buffers: Sequence[Any], c: Sequence[Any]) -> Any:
     if isinstance(u, list):
-        return TensorList(torch.zeros_like(t) for t in u), True
-    return torch.zeros_like(u), True
+        return TensorList(torch.zeros_like(t) for t in u), True, ()
+    return torch.zeros_like(u), True, ()
 
 
 def _clip_math(o: Any, u: Any, owned: bool, p: Any, buffers: Sequence[Any], c: Sequence[Any]) -> Any:
     if not owned:
         u = o.mul(u, 1)  # a copy, to clamp in place
-    return o.clamp_(u, -c[0], c[0]), True
-
-
-def _decay_math(o: Any, u: Any, owned: bool, p: Any, buffers: Sequence[Any], c: Sequence[Any]) -> Any:
-    # updates + weight_decay * params
-    return (o.add_(u, p, alpha=c[0]) if owned else o.add(u, p, alpha=c[0])), True
-
-
-def _trace_math(
-    nesterov: bool, o: Any, u: Any, owned: bool, p: Any, buffers: Sequence[Any], c: Sequence[Any]
-) -> Any:
-    (decay,) = c
-    t = o.add_(o.mul_(buffers[0], decay), u)  # updates + decay * trace: the pure update's roundings
-    if nesterov:
-        return o.add_(o.mul(t, decay), u), True
-    return t, False
-
-
-def _ema_math(
-    debias: bool, o: Any, u: Any, owned: bool, p: Any, buffers: Sequence[Any], c: Sequence[Any]
-) -> Any:
-    weight, correction = c
-    e = o.lerp_(buffers[0], u, weight)  # (1 - decay) * updates + decay * ema
-    if debias:
-        return o.div(e, correction), True
-    return e, False
-
-
-def _adam_math(
-    nesterov: bool,
-    with_eps_root: bool,
-    o: Any,
-    u: Any,
-    owned: bool,
-    p: Any,
-    buffers: Sequence[Any],
-    c: Sequence[Any],
-) -> Any:
-    one_minus_b1, b2, one_minus_b2, correction1, correction2, eps_root, eps, b1, correction1_next = c
-    mu = o.lerp_(buffers[0], u, one_minus_b1)
-    nu = o.addcmul_(o.mul_(buffers[1], b2), u, u, value=one_minus_b2)
-    denom = o.div(nu, correction2)
-    if with_eps_root:
-        denom = o.add_(denom, eps_root)
-    denom = o.add_(o.sqrt_(denom), eps)
-    if nesterov:  # b1 * mu / correction1_next + (1 - b1) * updates / correction1, as optax
-        mu_hat = o.mul_(o.div(mu, correction1_next), b1)
-        mu_hat = o.add_(mu_hat, o.mul_(o.div(u, correction1), one_minus_b1))
-    elif not isinstance(denom, list):  # mu / correction1 / denom in one pass, into denom
-        return o.addcdiv_(Fresh(denom), mu, denom, value=1 / correction1), True
-    else:
-        mu_hat = o.div(mu, correction1)
-    return o.div_(mu_hat, denom), True
-
-
-def _rms_math(
-    eps_in_sqrt: bool,
-    bias_correction: bool,
-    o: Any,
-    u: Any,
-    owned: bool,
-    p: Any,
-    buffers: Sequence[Any],
-    c: Sequence[Any],
-) -> Any:
-    decay, one_minus_decay, correction, eps = c
-    nu = o.addcmul_(o.mul_(buffers[0], decay), u, u, value=one_minus_decay)
-    if eps_in_sqrt:  # rsqrt(nu_hat + eps) * updates
-        denom = o.add_(o.div(nu, correction), eps) if bias_correction else o.add(nu, eps)
-        factor = o.reciprocal_(o.sqrt_(denom))
-    else:  # 1 / (sqrt(nu_hat) + eps) * updates
-        root = o.sqrt_(o.div(nu, correction)) if bias_correction else o.sqrt(nu)
-        factor = o.reciprocal_(o.add_(root, eps))
-    return o.mul_(factor, u), True
+    return o.clamp_(u, -c[0], c[0]), True, ()
 
 
 # ---------------------------------------------------------------- the plan
 
 
 class _Block:
-    """One block of a planned chain: its math, the slots of its per-param buffers, the
-    raw scalars its math takes (numbers or 0-d tensors), and whether it is a `scale`."""
+    """One block of a planned chain: its math, the slots of its per-param buffers, and
+    the raw scalars its math takes (numbers or 0-d tensors, or `_Fuses`)."""
 
-    def __init__(self, math: Math, slots: Sequence[str], scalars: Sequence[Any], scale: bool = False) -> None:
-        self.math, self.slots, self.scalars, self.scale = math, tuple(slots), tuple(scalars), scale
+    def __init__(self, math: Math, slots: Sequence[str], scalars: Sequence[Any]) -> None:
+        self.math, self.slots, self.scalars = math, tuple(slots), tuple(scalars)
+
+
+class _Fuses(NamedTuple):
+    """The coefficient ``transforms.fuses(c, dtype)`` of a raw scalar `c`, for leaves of
+    each dtype: whether the pure update takes ``x + c * y`` as an add with ``alpha``."""
+
+    c: Any
 
 
 class Plan:
@@ -183,10 +130,7 @@ class Plan:
     whole chain's math on one set of tensors (or `ForEach` lists), ``p += u`` at the end."""
 
     def __init__(self, blocks: list[_Block], counts: list[tuple[str, Tensor]]) -> None:
-        alpha: Any = 1
-        if blocks and blocks[-1].scale:  # the learning rate: folded into the last add
-            alpha = blocks.pop().scalars[0]
-        self.blocks, self.alpha = blocks, alpha
+        self.blocks = blocks
         self.counts = counts
         """The group's shared slots (counts) and their new values."""
         self.slots = tuple(name for block in blocks for name in block.slots)
@@ -194,24 +138,28 @@ class Plan:
         self._coefficients: dict[torch.dtype, Any] = {}
 
     def coefficients(self, dtype: torch.dtype) -> Any:
-        """Each block's scalars, and the last add's alpha, for leaves of `dtype`."""
+        """Each block's scalars for leaves of `dtype`."""
         found = self._coefficients.get(dtype)
         if found is None:
-            found = self._coefficients[dtype] = (
-                tuple(tuple(_num(x, dtype) for x in block.scalars) for block in self.blocks),
-                _num(self.alpha, dtype),
+            found = self._coefficients[dtype] = tuple(
+                tuple(_num(x, dtype) for x in block.scalars) for block in self.blocks
             )
         return found
 
     def elementwise(self, o: Any, out: Any, p: Any, g: Any, *rest: Any, **_: Any) -> tuple[Any, list[Any]]:
-        """`inplace.run`'s call: the chain's math, in place in `out` (the param) and the buffers."""
-        *buffers, (coefficients, alpha) = rest
+        """`inplace.run`'s call: the chain's math, in place in `out` (the param) and the
+        buffers, then ``p += u`` as ``apply_updates`` (the adapter's ``p.add_(u)``)."""
+        *buffers, coefficients = rest
         u, owned, i = g, False, 0
         for block, c in zip(self.blocks, coefficients):
             k = len(block.slots)
-            u, owned = block.math(o, u, owned, p, buffers[i : i + k], c)
+            block_buffers = buffers[i : i + k]
+            u, owned, new = block.math(o, u, owned, p, block_buffers, c)
+            for old, value in zip(block_buffers, new):
+                if value is not old:  # a guard: the in-place ops return their first argument
+                    o.copy_(old, value)
             i += k
-        return o.add_(out, u, alpha=alpha), buffers
+        return o.add_(out, u), buffers
 
 
 class _Planner:
@@ -247,12 +195,12 @@ class _Planner:
         self.counts.append((name, _increment(count)))
         return count
 
-    def add(self, math: Math, slots: Sequence[Any], scalars: Sequence[Any], scale: bool = False) -> bool:
+    def add(self, math: Math, slots: Sequence[Any], scalars: Sequence[Any]) -> bool:
         if not all(isinstance(name, str) and self.per_param.get(name) for name in slots):
             return False
-        if not all(_scalar(x) for x in scalars):
+        if not all(isinstance(x, _Fuses) or _scalar(x) for x in scalars):
             return False
-        self.blocks.append(_Block(math, slots, scalars, scale))
+        self.blocks.append(_Block(math, slots, scalars))
         return True
 
 
@@ -299,14 +247,14 @@ def _scheduled(planner: _Planner, node: Any, factory: Any, fixed: Any, schedules
 
 
 def _scale(planner: _Planner, node: Any, step_size: Any) -> bool:
-    return isinstance(node, EmptyState) and planner.add(_scale_math, (), (step_size,), scale=True)
+    return isinstance(node, EmptyState) and planner.add(_scale_math, (), (step_size,))
 
 
 def _schedule(planner: _Planner, node: Any, step_size_fn: Any) -> bool:
     if not isinstance(node, ScaleByScheduleState):
         return False
     count = planner.count(node.count)
-    return count is not None and planner.add(_scale_math, (), (step_size_fn(count),), scale=True)
+    return count is not None and planner.add(_scale_math, (), (step_size_fn(count),))
 
 
 def _decay(planner: _Planner, node: Any, weight_decay: Any) -> bool:
@@ -321,7 +269,7 @@ def _decay(planner: _Planner, node: Any, weight_decay: Any) -> bool:
         return False
     elif not isinstance(weight_decay, Tensor) and weight_decay == 0:  # as the pure update: nothing
         return True
-    return planner.add(_decay_math, (), (weight_decay,))
+    return planner.add(transforms._decay_math, (), (weight_decay, _Fuses(weight_decay)))
 
 
 def _clip(planner: _Planner, node: Any, max_delta: Any) -> bool:
@@ -352,7 +300,7 @@ def _global_clip(planner: _Planner, node: Any, max_norm: Any) -> bool:
 def _trace(planner: _Planner, node: Any, decay: Any, nesterov: bool, accumulator_dtype: Any) -> bool:
     if accumulator_dtype is not None or not isinstance(node, TraceState):
         return False
-    return planner.add(functools.partial(_trace_math, bool(nesterov)), (node.trace,), (decay,))
+    return planner.add(functools.partial(transforms._trace_math, bool(nesterov)), (node.trace,), (decay,))
 
 
 def _ema(planner: _Planner, node: Any, decay: Any, debias: bool, accumulator_dtype: Any) -> bool:
@@ -361,8 +309,8 @@ def _ema(planner: _Planner, node: Any, decay: Any, debias: bool, accumulator_dty
     count = planner.count(node.count)
     if count is None:
         return False
-    correction = _bias_correction(decay, _increment(count)) if debias else 1
-    return planner.add(functools.partial(_ema_math, bool(debias)), (node.ema,), (1 - decay, correction))
+    scalars = transforms._ema_scalars(decay, debias, _increment(count))
+    return planner.add(functools.partial(transforms._ema_math, bool(debias)), (node.ema,), scalars)
 
 
 def _adam(
@@ -373,29 +321,29 @@ def _adam(
     count = planner.count(node.count)
     if count is None:
         return False
-    count = _increment(count)  # as `_adam_update`
-    correction1, correction2 = _bias_correction(b1, count), _bias_correction(b2, count)
-    correction1_next = _bias_correction(b1, _increment(count)) if nesterov else correction1
-    math = functools.partial(_adam_math, bool(nesterov), nonzero(eps_root))
-    scalars = (1 - b1, b2, 1 - b2, correction1, correction2, eps_root, eps, b1, correction1_next)
+    scalars = transforms._adam_scalars(b1, b2, eps, eps_root, nesterov, _increment(count))
+    math = functools.partial(
+        transforms._adam_math, bool(nesterov), nonzero(eps_root), not isinstance(b2, Tensor)
+    )
     return planner.add(math, (node.mu, node.nu), scalars)
 
 
 def _rms(
     planner: _Planner, node: Any, decay: Any, eps: Any, eps_in_sqrt: bool, bias_correction: bool
 ) -> bool:
-    correction: Any = 1
+    count = None
     if bias_correction:
         if not isinstance(node, ScaleByRmsWithCountState):
             return False
         count = planner.count(node.count)
         if count is None:
             return False
-        correction = _bias_correction(decay, _increment(count))
+        count = _increment(count)
     elif not isinstance(node, ScaleByRmsState):
         return False
-    math = functools.partial(_rms_math, bool(eps_in_sqrt), bool(bias_correction))
-    return planner.add(math, (node.nu,), (decay, 1 - decay, correction, eps))
+    fused = not isinstance(decay, Tensor)
+    math = functools.partial(transforms._rms_math, bool(eps_in_sqrt), bool(bias_correction), fused)
+    return planner.add(math, (node.nu,), transforms._rms_scalars(decay, eps, count))
 
 
 _PARTIALS: dict[Any, Callable[..., bool]] = {

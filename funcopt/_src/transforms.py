@@ -29,10 +29,10 @@ from .base import (
     check_transformation,
     empty_init,
     flatten_together,
-    real_dtype,
 )
 from .clipping import Scalar, abs_sq, adaptive_grad_clip, clip, clip_by_block_rms, coef, map_updates
 from .masking import masked
+from .ops import Pure, TensorList, nonzero
 from .wrappers import accepts_schedules
 
 __all__ = [
@@ -131,6 +131,65 @@ def _check_dtype(name: str, dtype: Any) -> None:
 def _check_schedule(name: str, fn: Any) -> None:
     if not callable(fn):
         raise TypeError(f"{name} must be a function of the step count, got {a_kind(fn)}")
+
+
+# The per-element math of the blocks with state or weight decay is written once, against
+# an ops namespace `o` (ops.py): `Pure` in the updates here, `InPlace` or `ForEach` where
+# fo.Optimizer steps a chain of blocks in place (chain_inplace.py). The same torch ops in
+# the same order: both faces agree bit for bit. A math takes the update so far `u`,
+# whether it may write `u` in place (`owned`: never the gradient or a state buffer), the
+# param `p`, the block's per-param state `buffers` and its coefficients `c` (numbers, or
+# tensors in the leaf's dtype with `Pure`), and returns ``(update, owned, new buffers)``.
+
+
+def _alike(*ts: Tensor) -> list[Tensor]:
+    """The tensors in one dtype, their promoted one, as optax computes a ``mu_dtype`` or
+    ``accumulator_dtype`` moment with the gradient (torch.lerp takes no mixed dtypes,
+    and `Pure` ops cast a tensor argument to their first one's dtype)."""
+    dtype = functools.reduce(torch.promote_types, [t.dtype for t in ts])
+    return [t if t.dtype == dtype else t.to(dtype) for t in ts]
+
+
+def _square(o: Any, u: Any) -> Any:
+    """``|u|^2`` elementwise, in `u`'s dtype (a complex one with zero imaginary parts,
+    to average with a complex state)."""
+    if isinstance(u, Tensor) and u.is_complex():
+        return abs_sq(u).to(u.dtype)
+    return o.mul(u, u)
+
+
+def _average_of_squares(o: Any, fused: bool, v0: Any, u: Any, decay: Any, one_minus_decay: Any) -> Any:
+    """``decay * v0 + (1 - decay) * |u|^2``, in place in `v0` with `InPlace`. `fused`
+    where the decay is a number (not a tensor: traced, batched), as torch's Adam: ``mul_``,
+    then ``addcmul_`` (`Pure` takes a tensor value of ``addcmul`` apart); else one lerp."""
+    if not fused or (isinstance(u, Tensor) and u.is_complex()):
+        return o.lerp_(v0, _square(o, u), one_minus_decay)
+    return o.addcmul_(o.mul_(v0, decay), u, u, value=one_minus_decay)
+
+
+FUSED_ADD = (torch.float32, torch.float64)
+"""The dtypes in which ``x + c * y`` may be ``torch.add(x, y, alpha=c)``. In bfloat16 and
+float16 torch's CPU kernel rounds it differently in a vectorized run's body and in its
+scalar tail, so where a tensor is cut into blocks or concatenated with others (the
+in-place step) would change its elements."""
+
+
+def fuses(c: Any, dtype: torch.dtype) -> bool:
+    """Whether ``x + c * y`` is an add with ``alpha=c`` for a coefficient `c` on leaves of
+    `dtype`: a number (``alpha`` takes no tensor) in one of `FUSED_ADD`. Else it is
+    ``torch.addcmul(x, y, c)``, `c` a 0-d tensor, which rounds alike wherever an element
+    falls, in every dtype."""
+    return not isinstance(c, Tensor) and dtype in FUSED_ADD
+
+
+def _scalar_tensor(c: Any, like: Any) -> Any:
+    """`c` as a 0-d tensor of `like`'s dtype and device (a `TensorList` of them for a
+    list): a number made into one, a tensor (`coef`'s) cast."""
+    if isinstance(like, list):
+        return TensorList(_scalar_tensor(c, t) for t in like)
+    if isinstance(c, Tensor):
+        return c if c.dtype == like.dtype else c.to(like.dtype)
+    return torch.full((), c, dtype=like.dtype, device=like.device)
 
 
 # ---------------------------------------------------------------- stateless
@@ -327,8 +386,23 @@ def _decay_update(
         names=(f"{who}: updates", "params"),
         hint="Pass params with the structure of the updates.",
     )
-    out = [None if g is None else g + coef(s, g) * _buffer(who, i, p) for i, (g, p) in enumerate(zip(gs, ps))]
+    out = [
+        None
+        if g is None
+        else _decay_math(Pure, g, False, _buffer(who, i, p), (), (coef(s, g), fuses(s, g.dtype)))[0]
+        for i, (g, p) in enumerate(zip(gs, ps))
+    ]
     return unflatten(out), state
+
+
+def _decay_math(o: Any, u: Any, owned: bool, p: Any, buffers: Any, c: Any) -> Any:
+    """``updates + weight_decay * params``, one op (see `fuses`); `c` is
+    ``(weight_decay, fuses(weight_decay, dtype))``."""
+    weight_decay, fused = c
+    if fused:
+        return (o.add_(u, p, alpha=weight_decay) if owned else o.add(u, p, alpha=weight_decay)), True, ()
+    w = _scalar_tensor(weight_decay, u)
+    return (o.addcmul_(u, p, w) if owned else o.addcmul(u, p, w)), True, ()
 
 
 def _without_extra_args(
@@ -396,11 +470,20 @@ def _trace_update(
     for i, (g, t) in enumerate(zip(gs, ts)):
         if g is None:
             continue
-        d = coef(decay, g)
-        new_t = g + d * _buffer(who, i, t)
-        out[i] = g + d * new_t if nesterov else new_t
+        g, t = _alike(g, _buffer(who, i, t))
+        out[i], _, (new_t,) = _trace_math(nesterov, Pure, g, False, None, (t,), (coef(decay, g),))
         new[i] = new_t if accumulator_dtype is None else new_t.to(accumulator_dtype)
     return unflatten(out), TraceState(unflatten(new))
+
+
+def _trace_math(nesterov: bool, o: Any, u: Any, owned: bool, p: Any, buffers: Any, c: Any) -> Any:
+    """``trace = updates + decay * trace``; the update is the trace, or ``updates + decay
+    * trace`` with `nesterov`."""
+    ((t0,), (decay,)) = buffers, c
+    t = o.add_(o.mul_(t0, decay), u)
+    if nesterov:
+        return o.add_(o.mul(t, decay), u), True, (t,)
+    return t, False, (t,)
 
 
 @accepts_schedules
@@ -451,15 +534,29 @@ def _ema_update(
     _check_state(state, EmaState, who)
     (gs, es), unflatten = _columns(who, updates, state, ("ema",))
     count = _increment(state.count)
-    correction = _bias_correction(decay, count) if debias else None
+    scalars = _ema_scalars(decay, debias, count)
     out, new = list(gs), list(es)
     for i, (g, e) in enumerate(zip(gs, es)):
         if g is None:
             continue
-        new_e = coef(1 - decay, g) * g + coef(decay, g) * _buffer(who, i, e)
-        out[i] = new_e if correction is None else new_e / correction.to(real_dtype(new_e))
+        g, e = _alike(g, _buffer(who, i, e))
+        out[i], _, (new_e,) = _ema_math(debias, Pure, g, False, None, (e,), [coef(x, g) for x in scalars])
         new[i] = new_e if accumulator_dtype is None else new_e.to(accumulator_dtype)
     return unflatten(out), EmaState(count, unflatten(new))
+
+
+def _ema_scalars(decay: Scalar, debias: bool, count: Tensor) -> tuple[Any, ...]:
+    """`_ema_math`'s coefficients at the step whose count (incremented) is `count`."""
+    return 1 - decay, _bias_correction(decay, count) if debias else 1
+
+
+def _ema_math(debias: bool, o: Any, u: Any, owned: bool, p: Any, buffers: Any, c: Any) -> Any:
+    """``ema = (1 - decay) * updates + decay * ema`` (as one lerp), debiased or not."""
+    ((e0,), (weight, correction)) = buffers, c
+    e = o.lerp_(e0, u, weight)
+    if debias:
+        return o.div(e, correction), True, (e,)
+    return e, False, (e,)
 
 
 @accepts_schedules
@@ -512,26 +609,61 @@ def _adam_update(
     _check_state(state, ScaleByAdamState, who)
     (gs, ms, vs), unflatten = _columns(who, updates, state, ("mu", "nu"))
     count = _increment(state.count)
-    correction1, correction2 = _bias_correction(b1, count), _bias_correction(b2, count)
-    correction1_next = _bias_correction(b1, _increment(count)) if nesterov else correction1
+    scalars = _adam_scalars(b1, b2, eps, eps_root, nesterov, count)
+    math = functools.partial(_adam_math, nesterov, nonzero(eps_root), not isinstance(b2, Tensor))
     out, new_m, new_v = list(gs), list(ms), list(vs)
     for i, (g, m0, v0) in enumerate(zip(gs, ms, vs)):
         if g is None:
             continue
-        m0, v0 = _buffer(who, i, m0), _buffer(who, i, v0)
-        m = coef(1 - b1, g) * g + coef(b1, g) * m0
-        v = coef(1 - b2, g) * abs_sq(g) + coef(b2, g) * v0
-        if nesterov:  # Dozat 2016, as optax
-            m_hat = coef(b1, g) * (m / coef(correction1_next, m)) + coef(1 - b1, g) * (
-                g / coef(correction1, g)
-            )
-        else:
-            m_hat = m / coef(correction1, m)
-        v_hat = v / coef(correction2, v)
-        out[i] = m_hat / (torch.sqrt(v_hat + coef(eps_root, v)) + coef(eps, v))
+        v0 = _buffer(who, i, v0)
+        g, *buffers = _alike(g, _buffer(who, i, m0), v0)
+        out[i], _, (m, v) = math(Pure, g, False, None, buffers, [coef(x, g) for x in scalars])
         new_m[i] = m if mu_dtype is None else m.to(mu_dtype)
         new_v[i] = v.to(v0.dtype)
     return unflatten(out), ScaleByAdamState(count, unflatten(new_m), unflatten(new_v))
+
+
+def _adam_scalars(
+    b1: Scalar, b2: Scalar, eps: Scalar, eps_root: Scalar, nesterov: bool, count: Tensor
+) -> Any:
+    """`_adam_math`'s coefficients at the step whose count (incremented) is `count`."""
+    correction1, correction2 = _bias_correction(b1, count), _bias_correction(b2, count)
+    if nesterov:
+        correction1_next = _bias_correction(b1, _increment(count))
+        return 1 - b1, b2, 1 - b2, correction2, eps_root, eps, b1, correction1, correction1_next
+    # mu_hat / (sqrt(nu_hat + eps_root) + eps), with c1, c2 the corrections, is
+    # mu / (sqrt(nu * c1**2 / c2 + eps_root * c1**2) + eps * c1): an op fewer per element
+    square = correction1 * correction1
+    return 1 - b1, b2, 1 - b2, correction2 / square, eps_root * square, eps * correction1
+
+
+def _adam_math(
+    nesterov: bool,
+    with_eps_root: bool,
+    fused: bool,
+    o: Any,
+    u: Any,
+    owned: bool,
+    p: Any,
+    buffers: Any,
+    c: Any,
+) -> Any:
+    """``mu_hat / (sqrt(nu_hat + eps_root) + eps)``, the first moment one lerp; its
+    coefficients as `_adam_scalars` gives them, `fused` where `b2` is not a tensor."""
+    m0, v0 = buffers
+    one_minus_b1, b2, one_minus_b2, nu_scale, eps_root, eps = c[:6]
+    mu = o.lerp_(m0, u, one_minus_b1)
+    nu = _average_of_squares(o, fused, v0, u, b2, one_minus_b2)
+    denom = o.div(nu, nu_scale)  # nu / c2 with nesterov, else nu * c1**2 / c2 (`_adam_scalars`)
+    if with_eps_root:
+        denom = o.add_(denom, eps_root)
+    denom = o.add_(o.sqrt_(denom), eps)
+    if not nesterov:
+        return o.div(mu, denom), True, (mu, nu)
+    # Dozat 2016, as optax: b1 * mu / correction1_next + (1 - b1) * updates / correction1
+    b1, correction1, correction1_next = c[6:]
+    m_hat = o.add_(o.mul_(o.div(mu, correction1_next), b1), o.mul_(o.div(u, correction1), one_minus_b1))
+    return o.div_(m_hat, denom), True, (mu, nu)
 
 
 @accepts_schedules
@@ -606,21 +738,46 @@ def _rms_update(
     _check_state(state, ScaleByRmsWithCountState if bias_correction else ScaleByRmsState, who)
     (gs, vs), unflatten = _columns(who, updates, state, ("nu",))
     count = _increment(state.count) if bias_correction else None
-    correction = None if count is None else _bias_correction(decay, count)
+    scalars = _rms_scalars(decay, eps, count)
+    math = functools.partial(_rms_math, eps_in_sqrt, bias_correction, not isinstance(decay, Tensor))
     out, new = list(gs), list(vs)
     for i, (g, v0) in enumerate(zip(gs, vs)):
         if g is None:
             continue
-        v = coef(1 - decay, g) * abs_sq(g) + coef(decay, g) * _buffer(who, i, v0)
-        v_hat = v if correction is None else v / coef(correction, v)
-        if eps_in_sqrt:
-            out[i] = torch.rsqrt(v_hat + coef(eps, v)) * g
-        else:
-            out[i] = 1 / (torch.sqrt(v_hat) + coef(eps, v)) * g
-        new[i] = v
+        g, v0 = _alike(g, _buffer(who, i, v0))
+        out[i], _, (new[i],) = math(Pure, g, False, None, (v0,), [coef(x, g) for x in scalars])
     if count is None:
         return unflatten(out), ScaleByRmsState(unflatten(new))
     return unflatten(out), ScaleByRmsWithCountState(count, unflatten(new))
+
+
+def _rms_scalars(decay: Scalar, eps: Scalar, count: Tensor | None) -> tuple[Any, ...]:
+    """`_rms_math`'s coefficients at the step whose count (incremented) is `count` (None
+    without bias correction)."""
+    return decay, 1 - decay, 1 if count is None else _bias_correction(decay, count), eps
+
+
+def _rms_math(
+    eps_in_sqrt: bool,
+    bias_correction: bool,
+    fused: bool,
+    o: Any,
+    u: Any,
+    owned: bool,
+    p: Any,
+    buffers: Any,
+    c: Any,
+) -> Any:
+    """``updates / sqrt(nu_hat + eps)``, or ``updates / (sqrt(nu_hat) + eps)``; `fused`
+    where `decay` is not a tensor."""
+    ((v0,), (decay, one_minus_decay, correction, eps)) = buffers, c
+    nu = _average_of_squares(o, fused, v0, u, decay, one_minus_decay)
+    if eps_in_sqrt:  # nu_hat + eps: a new tensor (nu is the state)
+        denom = o.add_(o.div(nu, correction), eps) if bias_correction else o.add(nu, eps)
+        denom = o.sqrt_(denom)
+    else:
+        denom = o.add_(o.sqrt_(o.div(nu, correction)) if bias_correction else o.sqrt(nu), eps)
+    return o.div(u, denom), True, (nu,)
 
 
 @accepts_schedules
