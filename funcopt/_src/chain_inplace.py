@@ -66,8 +66,9 @@ from .transforms import (
 )
 from .wrappers import ScheduledState, _at
 
-_FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+_FLOATS = frozenset({torch.float32, torch.float64, torch.bfloat16, torch.float16})
 _PLAIN = (Tensor, torch.nn.Parameter)
+_PLAIN_TYPES = frozenset(_PLAIN)
 
 Math = Callable[..., tuple[Any, bool, Sequence[Any]]]
 """A block's per-element math: ``math(o, u, owned, p, buffers, coefficients) -> (u,
@@ -384,24 +385,28 @@ def plan(
 # ---------------------------------------------------------------- the step
 
 
-def _plain(p: Tensor, g: Tensor, buffers: Sequence[Any]) -> bool:
-    """Whether a param, its gradient and its buffers are plain dense real tensors of one
-    dtype, shape and device (else the pure path steps, and says what is wrong)."""
-    dtype, shape, device = p.dtype, p.shape, p.device
+def _plain(params: list[Tensor], grads: list[Tensor], columns: list[list[Any]]) -> bool:
+    """Whether each param, its gradient and its buffers (`columns`, one list per slot)
+    are plain dense real tensors of one dtype, shape and device (else the pure path
+    steps, and says what is wrong). Compared as lists: per-param checks cost more, with
+    hundreds of tiny params."""
+    dtypes, shapes, devices = [p.dtype for p in params], [p.shape for p in params], [p.device for p in params]
     if not (
-        type(p) in _PLAIN
-        and type(g) in _PLAIN
-        and dtype in _FLOATS
-        and g.dtype is dtype
-        and g.layout is torch.strided
-        and g.shape == shape
-        and g.device == device
+        {type(t) for t in params} | {type(g) for g in grads} <= _PLAIN_TYPES
+        and set(dtypes) <= _FLOATS
+        and [g.dtype for g in grads] == dtypes
+        and all([g.layout is torch.strided for g in grads])
+        and [g.shape for g in grads] == shapes
+        and [g.device for g in grads] == devices
     ):
         return False
-    for b in buffers:
-        if not (type(b) is Tensor and b.dtype is dtype and b.shape == shape and b.device == device):
-            return False
-    return True
+    return all(
+        {type(b) for b in column} == {Tensor}
+        and [b.dtype for b in column] == dtypes
+        and [b.shape for b in column] == shapes
+        and [b.device for b in column] == devices
+        for column in columns
+    )
 
 
 def step(
@@ -427,33 +432,47 @@ def step(
     found = plan(transform, grads, params[0], states[0])
     if found is None:
         return False
-    rows = []  # every check comes before anything changes
-    for p, g, state in zip(params, grads, states):
-        try:
-            buffers = [state[name] for name in found.slots]
-        except KeyError:  # the pure path says what is missing
-            return False
-        if not _plain(p, g, buffers):
-            return False
-        rows.append(buffers)
-    chunks = inplace.Chunks(found, {})  # small params on the CPU
-    lists: dict[Any, list[list[Tensor]]] = {}  # (dtype, device) -> columns (GPUs)
-    for p, g, buffers in zip(params, grads, rows):
-        dtype, device, numel = p.dtype, p.device, p.numel()
+    try:  # every check comes before anything changes
+        columns = [[state[name] for state in states] for name in found.slots]
+    except KeyError:  # the pure path says what is missing
+        return False
+    if not _plain(params, grads, columns):
+        return False
+    # tiny vectors on the CPU (biases, norms), the most numerous params, step in bulk
+    vector = [p.dim() == 1 and p.is_cpu and p.numel() <= inplace.TINY for p in params]
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for i, p in enumerate(params):
+        by_dtype.setdefault(p.dtype, []).append(i)
+    for dtype, indices in by_dtype.items():
         coefficients = found.coefficients(dtype)
-        if inplace.use_lists(device):
-            columns = lists.setdefault((dtype, device), [[] for _ in range(2 + len(buffers))])
-            for column, t in zip(columns, (p, g, *buffers)):
-                column.append(t)
-        elif numel <= inplace.TINY:
-            chunks.add((dtype, device), coefficients, p, g, buffers, numel)
-        elif numel > inplace.SEGMENT and inplace.blockable(p, *buffers):
-            inplace.run_blocks(found, coefficients, {}, p, p, g, buffers)
-        else:
-            inplace.run(found, coefficients, {}, p, p, g, buffers)
-    chunks.run()
-    for (dtype, _), columns in lists.items():
-        inplace.run_lists(found, found.coefficients(dtype), {}, columns)
+        vectors = [i for i in indices if vector[i]]
+        if vectors:
+            inplace.Chunks(found, {}).add_vectors(
+                coefficients,
+                [params[i] for i in vectors],
+                [grads[i] for i in vectors],
+                [[column[i] for i in vectors] for column in columns],
+            )
+        chunks = inplace.Chunks(found, {})  # other small params on the CPU
+        lists: dict[torch.device, list[list[Tensor]]] = {}  # device -> columns (GPUs)
+        for i in indices:
+            if vector[i]:
+                continue
+            p, g, buffers = params[i], grads[i], [column[i] for column in columns]
+            device, numel = p.device, p.numel()
+            if inplace.use_lists(device):
+                group = lists.setdefault(device, [[] for _ in range(2 + len(buffers))])
+                for column, t in zip(group, (p, g, *buffers)):
+                    column.append(t)
+            elif numel <= inplace.TINY:
+                chunks.add(device, coefficients, p, g, buffers, numel)
+            elif numel > inplace.SEGMENT and inplace.blockable(p, *buffers):
+                inplace.run_blocks(found, coefficients, {}, p, p, g, buffers)
+            else:
+                inplace.run(found, coefficients, {}, p, p, g, buffers)
+        chunks.run()
+        for group in lists.values():
+            inplace.run_lists(found, coefficients, {}, group)
     _write_counts(found.counts, states + skipped)
     return True
 
