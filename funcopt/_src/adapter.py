@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT, _device_dtype_check_for_fused
 
-from . import inplace
+from . import fused, inplace
 from .algorithm import Algorithm, Hyperparams, normalize, torch_counter
 from .base import (
     GradientTransformation,
@@ -489,8 +489,10 @@ class Optimizer(torch.optim.Optimizer):
             and not self.defaults.get("differentiable")
             and not torch.compiler.is_compiling()
         ):
-            try:
-                _step_in_place(algorithm, hyperparams, params, grads, states)
+            try:  # fused=True: compiled kernels on the CPU (see fused.py)
+                (fused.step if group.get("fused") else _step_in_place)(
+                    algorithm, hyperparams, params, grads, states
+                )
             except RuntimeError as error:  # torch's own error names no tensor and no cause
                 converted = _converted(algorithm, params, states)
                 if converted is None:

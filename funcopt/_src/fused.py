@@ -1,0 +1,223 @@
+"""``fused=True`` on the CPU: each param's step as one compiled kernel.
+
+torch.optim has a fused step only for SGD, Adam, AdamW and Adagrad, in hand-written
+C++. funcopt's classes take ``fused=True`` for every per-element algorithm and get one
+from inductor instead: the algorithm's ``elementwise`` math, run with `OnParam` ops (the
+`Pure` ops, starting from the param), on flat views of the param, its gradient and its
+buffers, its results copied back into them. torch.compile turns that into one loop of
+generated C++ that reads each tensor once and writes the param and the buffers once,
+as a hand-written fused kernel does.
+
+A kernel is compiled once per (algorithm, hyperparameters that shape the math, dtype,
+which buffers are present, torch's number of threads): its length is dynamic, so one
+compilation serves every param of that dtype, and every float hyperparameter and every
+coefficient of the schedule is a 0-d tensor input, so a scheduler's new lr or betas, or
+the growing step count, never recompiles. The options that choose the math (amsgrad,
+maximize, nesterov, centered) are fixed in it, and so is whether a hyperparameter such
+as weight decay is zero (a term the math then leaves out): a scheduler that sets one to
+zero, or from zero, compiles one more kernel. The per-step scalar math (``schedule``)
+runs eagerly, in Python doubles, as the in-place step's does.
+
+Params this step does not compile take the class's in-place step, with the same fused
+semantics (float32 counters on the param's device, a GradScaler's scale and inf flag):
+params off the CPU, params whose state the step creates (SGD's momentum_buffer at its
+first step), params whose tensors are not dense alike, and algorithms whose math is not
+per element (Adafactor's and Muon's per-tensor norms and matrix products).
+
+The generated code is cached by inductor on disk (its FX graph cache): a second process
+compiles its kernels from that cache, in about a second each.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .algorithm import Algorithm, Hyperparams
+from .ops import Coef, Pure, _scale
+
+
+class OnParam(Pure):
+    """`Pure` ops for math whose ``out`` starts as the param itself (as the adapters'
+    `InPlace` step has it), not as a zero update: ``out`` is the new param so far."""
+
+    @staticmethod
+    def decay_(out: Tensor, p: Tensor, factor: Coef) -> Tensor:
+        """The param so far times `factor` (decoupled weight decay)."""
+        return _scale(out, factor)
+
+    @staticmethod
+    def new_param(out: Tensor | None, p: Tensor) -> Tensor:
+        """The param after the update: `out` itself."""
+        return p if out is None else out
+
+    @staticmethod
+    def addcmul_(x: Tensor, a: Tensor, b: Tensor, value: Coef = 1) -> Tensor:
+        """``x + value * a * b``, rounded as torch's CPU kernel rounds it: ``(value * a) * b``."""
+        return x + _scale(a, value) * b
+
+
+_KERNELS: dict[Any, Callable[..., None]] = {}
+"""Compiled kernels by their structure (see `_kernel`)."""
+
+
+def step(algorithm: Algorithm, hyperparams: Hyperparams, params: list[Tensor], grads: list[Tensor],
+         states: list[dict[str, Any]]) -> None:  # fmt: skip
+    """A fused group's step (the adapter's `_step_in_place` for ``fused=True``): each CPU
+    param whose tensors are dense alike by its compiled kernel, the others by the
+    in-place step. The counters, their schedule and the checks are the in-place step's."""
+    from .adapter import (
+        DTensor,
+        _check_shapes,
+        _converted,
+        _fields,
+        _missing_entry,
+        _step_in_place,
+        _to_python,
+    )
+
+    if not algorithm.per_element:  # a per-tensor rule (norms, matrix products): nothing to fuse
+        _step_in_place(algorithm, hyperparams, params, grads, states)
+        return
+    k = len(algorithm.counters)
+    given, hyperparams = hyperparams, {name: _to_python(v) for name, v in hyperparams.items()}
+    fields = _fields(algorithm, hyperparams)
+    creating = algorithm.creating(hyperparams)
+    rows = []  # (counters, flat tensors, which buffers are absent) of each param to fuse
+    rest: tuple[list[Any], list[Any], list[Any]] = (
+        [],
+        [],
+        [],
+    )  # (params, grads, states) for the in-place step
+    for p, g, state in zip(params, grads, states):
+        try:
+            tensors: list[Any] = [state[name] if required else state.get(name) for name, required in fields]
+        except KeyError as e:
+            raise _missing_entry(e) from None
+        _check_shapes(algorithm, p, g, tensors[k:])
+        buffers = tensors[k:]
+        present = [b for b in buffers if b is not None]
+        if any(b.dtype != p.dtype for b in present):  # the model was converted after the state was made
+            raise _converted(algorithm, [p], [state]) or RuntimeError("dtypes differ")
+        views = None
+        if (
+            p.device.type == "cpu"
+            and not g.is_sparse
+            and not isinstance(p, DTensor)
+            and not creating(buffers)
+        ):
+            views = [flat(t, p) for t in (p, g, *present)]
+        if views is None or any(v is None for v in views) or g.dtype != p.dtype:
+            for column, value in zip(rest, (p, g, state)):
+                column.append(value)
+            continue
+        rows.append((tensors[:k], [v for v in views if v is not None], tuple(b is None for b in buffers)))
+    if rest[0]:
+        _step_in_place(algorithm, given, *rest)
+    if not rows:
+        return
+    static, names, values = _split(hyperparams)
+    threads = torch.get_num_threads()
+    # counter values and dtypes -> (new values, the scalars a kernel takes, their counters)
+    schedules: dict[tuple[Any, ...], tuple[Any, Tensor, tuple[bool, ...], list[list[Tensor]]]] = {}
+    for counters, views, absent in rows:
+        key = tuple([c.item() for c in counters] + [c.dtype for c in counters])
+        if key not in schedules:
+            new, coefficients = _to_python(algorithm.schedule(*key[:k], counter_dtypes=key[k:], **given))
+            scalars = torch.tensor([float(c) for c in coefficients] + values, dtype=torch.float64)
+            schedules[key] = (new, scalars, tuple(isinstance(c, bool) for c in coefficients), [])
+        new, scalars, choices, column = schedules[key]
+        column.append(counters)
+        structure = (algorithm, static, names, choices, absent, views[0].dtype, threads)
+        kernel = _KERNELS.get(structure)
+        if kernel is None:
+            kernel = _KERNELS[structure] = _kernel(algorithm, static, names, choices, absent)
+        kernel(*views, scalars)
+    for new, _, _, counters in schedules.values():
+        for j, value in enumerate(new):
+            column = [c[j] for c in counters]
+            torch._foreach_copy_(column, [torch.tensor(value, dtype=torch.float64)] * len(column))
+
+
+def _kernel(algorithm: Algorithm, static: tuple[tuple[str, Any], ...], names: tuple[Any, ...],
+            choices: tuple[bool, ...], absent: tuple[bool, ...]) -> Callable[..., None]:  # fmt: skip
+    """A compiled step: the math of `algorithm` on flat tensors ``(p, g, *buffers,
+    scalars)``, its results copied into them. The hyperparameters `static` are fixed in
+    it; the scalars are the schedule's coefficients (a `choices` one as a bool), then the
+    hyperparameters named by `names` (a key, or (key, index) for a member of a pair)."""
+    n = len(choices)
+
+    def step(p: Tensor, g: Tensor, *tensors: Tensor) -> None:
+        *present, scalars = tensors
+        it = iter(present)
+        buffers = [None if a else next(it) for a in absent]
+        coefficients = tuple(scalars[i] != 0 if choice else scalars[i] for i, choice in enumerate(choices))
+        hyperparams = dict(static)
+        for i, name in enumerate(names):
+            if isinstance(name, tuple):
+                pair = list(hyperparams[name[0]])
+                pair[name[1]] = scalars[n + i]
+                hyperparams[name[0]] = tuple(pair)
+            else:
+                hyperparams[name] = scalars[n + i]
+        out, new = algorithm.elementwise(OnParam, p, p, g, *buffers, coefficients, **hyperparams)
+        p.copy_(out)
+        for old, value in zip(buffers, new):
+            if old is not None:
+                old.copy_(value)
+
+    # a code object of its own: dynamo keeps compilations, and counts them against its
+    # recompile limit, per code object
+    code = step.__code__.replace(co_name=f"fused_{algorithm.name}_{len(_KERNELS)}")
+    fn = types.FunctionType(code, step.__globals__, code.co_name, step.__defaults__, step.__closure__)
+    return torch.compile(fn, dynamic=True, fullgraph=True)
+
+
+def _split(hyperparams: Hyperparams) -> tuple[tuple[tuple[str, Any], ...], tuple[Any, ...], list[float]]:
+    """The hyperparameters fixed in a kernel (options, and numbers that are zero), and
+    the names and values of the others (numbers, members of pairs), which it takes as
+    scalars."""
+    static: dict[str, Any] = {}
+    names: list[Any] = []
+    values: list[float] = []
+    for key, value in hyperparams.items():
+        members = value if isinstance(value, tuple) else (value,)
+        fixed = tuple(_fixed(v) for v in members)
+        static[key] = fixed if isinstance(value, tuple) else fixed[0]
+        for i, v in enumerate(members):
+            if fixed[i] is None:
+                names.append((key, i) if isinstance(value, tuple) else key)
+                values.append(float(v))
+    return tuple(static.items()), tuple(names), values
+
+
+def _fixed(value: Any) -> Any:
+    """`value` as a kernel fixes it, or None for one it takes as a scalar: a nonzero number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value == 0:
+        return value
+    return None
+
+
+def flat(t: Tensor, like: Tensor) -> Tensor | None:
+    """`t` as a 1-D view of its elements in memory order, or None where it has none that
+    matches `like`'s (they are not dense alike)."""
+    if t.is_contiguous() and like.is_contiguous():
+        return t.view(-1)
+    if t.stride() == like.stride() and _dense(t):
+        return t.as_strided((t.numel(),), (1,))
+    return None
+
+
+def _dense(t: Tensor) -> bool:
+    """Whether `t`'s elements fill a block of memory, each once (a permuted contiguous
+    tensor: channels_last, a transpose)."""
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda d: d[1]):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
