@@ -264,6 +264,8 @@ class Optimizer(torch.optim.Optimizer):
             name: p.default
             for name, p in inspect.signature(type(self).__init__).parameters.items()
             if p.default is not inspect.Parameter.empty
+            # a class whose torch twin has no fused step keeps no unset fused (fused.fused_flag)
+            and (name != "fused" or name in self.defaults)
         }
         algorithm = self._transform if isinstance(self._transform, Algorithm) else None
         for group in self.param_groups:

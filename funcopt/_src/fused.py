@@ -46,9 +46,9 @@ class OnParam(Pure):
     `InPlace` step has it), not as a zero update: ``out`` is the new param so far."""
 
     @staticmethod
-    def decay_(out: Tensor, p: Tensor, factor: Coef) -> Tensor:
+    def decay_(out: Tensor | None, p: Tensor, factor: Coef) -> Tensor:
         """The param so far times `factor` (decoupled weight decay)."""
-        return _scale(out, factor)
+        return _scale(p if out is None else out, factor)
 
     @staticmethod
     def new_param(out: Tensor | None, p: Tensor) -> Tensor:
@@ -59,6 +59,18 @@ class OnParam(Pure):
     def addcmul_(x: Tensor, a: Tensor, b: Tensor, value: Coef = 1) -> Tensor:
         """``x + value * a * b``, rounded as torch's CPU kernel rounds it: ``(value * a) * b``."""
         return x + _scale(a, value) * b
+
+
+def fused_flag(fused: bool | None) -> dict[str, bool]:
+    """The ``fused`` entry of the defaults of a class whose torch twin has no fused step:
+    none unless set, so that its ``state_dict`` is torch's (which has no such key)."""
+    return {"fused": True} if fused else {}
+
+
+def refuse(name: str, why: str, fused: bool | None) -> None:
+    """Raise where `fused` is set for a class that has no fused step, saying why."""
+    if fused:
+        raise RuntimeError(f"{name} has no fused step: {why}. Leave fused unset.")
 
 
 _KERNELS: dict[Any, Callable[..., None]] = {}
@@ -87,7 +99,9 @@ def step(algorithm: Algorithm, hyperparams: Hyperparams, params: list[Tensor], g
     given, hyperparams = hyperparams, {name: _to_python(v) for name, v in hyperparams.items()}
     fields = _fields(algorithm, hyperparams)
     creating = algorithm.creating(hyperparams)
-    rows = []  # (counters, flat tensors, which buffers are absent) of each param to fuse
+    rows: list[
+        tuple[list[Tensor], list[Tensor], tuple[bool, ...]]
+    ] = []  # (counters, flat tensors, which buffers are absent) of each param to fuse
     rest: tuple[list[Any], list[Any], list[Any]] = (
         [],
         [],
@@ -124,23 +138,23 @@ def step(algorithm: Algorithm, hyperparams: Hyperparams, params: list[Tensor], g
     threads = torch.get_num_threads()
     # counter values and dtypes -> (new values, the scalars a kernel takes, their counters)
     schedules: dict[tuple[Any, ...], tuple[Any, Tensor, tuple[bool, ...], list[list[Tensor]]]] = {}
-    for counters, views, absent in rows:
+    for counters, flats, absent in rows:
         key = tuple([c.item() for c in counters] + [c.dtype for c in counters])
         if key not in schedules:
             new, coefficients = _to_python(algorithm.schedule(*key[:k], counter_dtypes=key[k:], **given))
             scalars = torch.tensor([float(c) for c in coefficients] + values, dtype=torch.float64)
             schedules[key] = (new, scalars, tuple(isinstance(c, bool) for c in coefficients), [])
-        new, scalars, choices, column = schedules[key]
-        column.append(counters)
-        structure = (algorithm, static, names, choices, absent, views[0].dtype, threads)
+        new, scalars, choices, stepped = schedules[key]
+        stepped.append(counters)
+        structure = (algorithm, static, names, choices, absent, flats[0].dtype, threads)
         kernel = _KERNELS.get(structure)
         if kernel is None:
             kernel = _KERNELS[structure] = _kernel(algorithm, static, names, choices, absent)
-        kernel(*views, scalars)
-    for new, _, _, counters in schedules.values():
+        kernel(*flats, scalars)
+    for new, _, _, stepped in schedules.values():
         for j, value in enumerate(new):
-            column = [c[j] for c in counters]
-            torch._foreach_copy_(column, [torch.tensor(value, dtype=torch.float64)] * len(column))
+            ticks = [c[j] for c in stepped]
+            torch._foreach_copy_(ticks, [torch.tensor(value, dtype=torch.float64)] * len(ticks))
 
 
 def _kernel(algorithm: Algorithm, static: tuple[tuple[str, Any], ...], names: tuple[Any, ...],
