@@ -217,13 +217,12 @@ def _fixed(value: Any) -> Any:
 
 
 def flat(t: Tensor, like: Tensor) -> Tensor | None:
-    """`t` as a 1-D view of its elements in memory order, or None where it has none that
-    matches `like`'s (they are not dense alike)."""
-    if t.is_contiguous() and like.is_contiguous():
-        return t.view(-1)
-    if t.stride() == like.stride() and _dense(t):
-        return t.as_strided((t.numel(),), (1,))
-    return None
+    """`t`'s elements in memory order, as a 1-D tensor on its memory, or None where they
+    are not in the order of `like`'s (not dense alike). Not a view: dynamo guards on a
+    view's base, and would compile again for each number of dimensions."""
+    if not (t.is_contiguous() and like.is_contiguous()) and not (t.stride() == like.stride() and _dense(t)):
+        return None
+    return torch.empty((), dtype=t.dtype).set_(t.untyped_storage(), t.storage_offset(), (t.numel(),), (1,))
 
 
 def _dense(t: Tensor) -> bool:
