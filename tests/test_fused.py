@@ -20,7 +20,15 @@ import torch
 from helpers import ALGORITHMS, HYPER, assert_same, fo_cls, kwargs_of, matrices_only, steps_on_dense_gradients
 
 import funcopt as fo
-from funcopt._src import fused
+from funcopt._src import fused, inplace
+
+
+@pytest.fixture(autouse=True)
+def small_kernels(monkeypatch):
+    """Compiled kernels for params of more than 8 elements (not 4096: the tests' params
+    are small), the others stepped in the in-place step's chunks."""
+    monkeypatch.setattr(inplace, "TINY", 8)
+
 
 DENSE = [name for name in ALGORITHMS if steps_on_dense_gradients(name)]
 TORCH_FUSED = ["Adagrad", "Adam", "AdamW", "SGD"]
@@ -82,6 +90,9 @@ def test_fused_steps_as_unfused(name):
     lr changing; the counters are float32, as torch's fused classes keep them."""
     ours, ours_sd = run(name, fused=True)
     ref, ref_sd = run(name)
+    compiled = {key[0].name for key in fused._KERNELS}
+    # the per-element algorithms by kernels; Adafactor's and Muon's per-tensor math in place
+    assert (name in compiled) == (name not in ("Adafactor", "Muon")), (name, compiled)
     assert ours_sd["param_groups"][0]["fused"] is True
     steps = [s["step"] for s in ours_sd["state"].values() if "step" in s]
     assert all(s.dtype == torch.float32 for s in steps)
@@ -110,9 +121,10 @@ def test_no_recompiles_as_hyperparameters_change_and_steps_go_by():
     assert opt.state[params[0]]["step"] == 7
 
 
-def test_a_param_of_one_element_or_none():
+def test_a_param_of_one_element_or_none(monkeypatch):
     """0-d params and params of one element (which the dynamic kernel compiles apart for)
-    and empty ones step as without fused."""
+    and empty ones step as without fused, also by a compiled kernel."""
+    monkeypatch.setattr(inplace, "TINY", -1)
 
     def scenario(**flags):
         params = [torch.nn.Parameter(torch.tensor(v)) for v in (1.5, [2.0], [])] + make_params("Adam")

@@ -20,7 +20,9 @@ runs eagerly, in Python doubles, as the in-place step's does.
 
 Params this step does not compile take the class's in-place step, with the same fused
 semantics (float32 counters on the param's device, a GradScaler's scale and inf flag):
-params off the CPU, params whose state the step creates (SGD's momentum_buffer at its
+params of up to `inplace.TINY` (4096) elements, which it steps several at a time (a
+compiled kernel's call costs 20-50 us, which would dominate their step), params off
+the CPU, params whose state the step creates (SGD's momentum_buffer at its
 first step), params whose tensors are not dense alike, and algorithms whose math is not
 per element (Adafactor's and Muon's per-tensor norms and matrix products).
 
@@ -37,6 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from . import inplace
 from .algorithm import Algorithm, Hyperparams
 from .ops import Coef, Pure, _scale
 
@@ -119,7 +122,8 @@ def step(algorithm: Algorithm, hyperparams: Hyperparams, params: list[Tensor], g
             raise _converted(algorithm, [p], [state]) or RuntimeError("dtypes differ")
         views = None
         if (
-            p.device.type == "cpu"
+            p.numel() > inplace.TINY  # tiny ones step in the in-place step's chunks
+            and p.device.type == "cpu"
             and not g.is_sparse
             and not isinstance(p, DTensor)
             and not creating(buffers)
