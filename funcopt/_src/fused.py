@@ -3,16 +3,16 @@
 torch.optim has a fused step only for SGD, Adam, AdamW and Adagrad, in hand-written
 C++. funcopt's classes take ``fused=True`` for every per-element algorithm and get one
 from inductor instead: the algorithm's ``elementwise`` math, run with `OnParam` ops (the
-`Pure` ops, starting from the param), on flat views of the param, its gradient and its
-buffers, its results copied back into them. torch.compile turns that into one loop of
+`Pure` ops, starting from the param), on 1-D tensors on the memory of the param, its
+gradient and its buffers, its results copied back into them. torch.compile turns that into one loop of
 generated C++ that reads each tensor once and writes the param and the buffers once,
 as a hand-written fused kernel does.
 
 A kernel is compiled once per (algorithm, hyperparameters that shape the math, dtype,
 which buffers are present, torch's number of threads): its length is dynamic, so one
 compilation serves every param of that dtype, and every float hyperparameter and every
-coefficient of the schedule is a 0-d tensor input, so a scheduler's new lr or betas, or
-the growing step count, never recompiles. The options that choose the math (amsgrad,
+coefficient of the schedule reaches it in a float64 tensor of scalars (an input, not a
+constant), so a scheduler's new lr or betas, or the growing step count, never recompiles. The options that choose the math (amsgrad,
 maximize, nesterov, centered) are fixed in it, and so is whether a hyperparameter such
 as weight decay is zero (a term the math then leaves out): a scheduler that sets one to
 zero, or from zero, compiles one more kernel. The per-step scalar math (``schedule``)
@@ -102,14 +102,9 @@ def step(algorithm: Algorithm, hyperparams: Hyperparams, params: list[Tensor], g
     given, hyperparams = hyperparams, {name: _to_python(v) for name, v in hyperparams.items()}
     fields = _fields(algorithm, hyperparams)
     creating = algorithm.creating(hyperparams)
-    rows: list[
-        tuple[list[Tensor], list[Tensor], tuple[bool, ...]]
-    ] = []  # (counters, flat tensors, which buffers are absent) of each param to fuse
-    rest: tuple[list[Any], list[Any], list[Any]] = (
-        [],
-        [],
-        [],
-    )  # (params, grads, states) for the in-place step
+    # each param to fuse: its counters, its flat tensors, and which buffers are absent
+    rows: list[tuple[list[Tensor], list[Tensor], tuple[bool, ...]]] = []
+    rest: tuple[list[Any], list[Any], list[Any]] = ([], [], [])  # params, grads, states to step in place
     for p, g, state in zip(params, grads, states):
         try:
             tensors: list[Any] = [state[name] if required else state.get(name) for name, required in fields]
