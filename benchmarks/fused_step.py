@@ -94,7 +94,8 @@ def floor_step(fused: torch.optim.Optimizer) -> callable:
             buffers = [
                 v for v in state.values() if isinstance(v, torch.Tensor) and v.shape == p.shape and v.dim()
             ]
-            work.append([t.detach().clone().view(-1) for t in (p, p.grad, *buffers)])
+            # copies, 1-D and no views (dynamo guards on a view's base: a compile per base's shape)
+            work.append([t.detach().reshape(-1).clone() for t in (p, p.grad, *buffers)])
 
     def step() -> None:
         for tensors in work:
