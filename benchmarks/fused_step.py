@@ -28,7 +28,7 @@ second process with the cache the first one filled (warm; target: under 5 s).
 With ``--write-table PATH`` it writes the tables as Markdown, with a line naming the run.
 
     python benchmarks/fused_step.py [--rounds 10] [--algorithms Adam,NAdam] [--compiled]
-        [--first-step] [--write-table docs/_generated/fused_step.md]
+        [--first-step] [--threads 1] [--write-table docs/_generated/fused_step.md]
 """
 
 from __future__ import annotations
@@ -171,6 +171,7 @@ def main() -> None:
     parser.add_argument("--algorithms", default=",".join(default_algorithms()))
     parser.add_argument("--compiled", action="store_true", help="also time torch.compile of torch's step")
     parser.add_argument("--first-step", action="store_true", help="time the first step, cold and warm cache")
+    parser.add_argument("--threads", help="the thread counts to time, say 1 (default: torch's, then 1)")
     parser.add_argument("--write-table", metavar="PATH", help="also write the tables as Markdown to PATH")
     args = parser.parse_args()
     shapes = benchmark_shapes()
@@ -179,7 +180,8 @@ def main() -> None:
     algorithms = args.algorithms.split(",")
     threads = torch.get_num_threads()
     tables = []
-    for threads_now in sorted({threads, 1}, reverse=True):
+    counts = [int(n) for n in args.threads.split(",")] if args.threads else sorted({threads, 1}, reverse=True)
+    for threads_now in counts:
         torch.set_num_threads(threads_now)
         print(f"\n{threads_now} thread(s)")
         rows = []
