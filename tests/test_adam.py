@@ -226,13 +226,14 @@ def test_sparse_gradient_error_as_torch(name):
 @pytest.mark.parametrize("name", ["Adam", "AdamW"])
 @pytest.mark.parametrize("amsgrad", [False, True])
 def test_fused_steps_as_torch(name, amsgrad):
-    """fused=True on the CPU: torch's state layout (a float32 step on the param's device)
-    and torch's default step bit for bit; torch's fused kernel within round-off."""
+    """fused=True on the CPU: torch's state layout (a float32 step on the param's device);
+    torch's default step and its fused kernel within round-off (funcopt's fused step is a
+    kernel that inductor generates, see fused.py)."""
     base, grads = params_and_grads(torch.float64)
     kwargs = {"lr": 0.1, "weight_decay": 0.1, "amsgrad": amsgrad}
     (ref, ref_sd), (ours, ours_sd) = twin_steps(name, kwargs, base, grads, ours_kwargs={"fused": True})
     assert ours_sd["state"][0]["step"].dtype == torch.float32
-    assert_same(ours, ref, rtol=0, atol=0)
+    assert_same(ours, ref)
     (fused, fused_sd), (ours, ours_sd) = twin_steps(name, {**kwargs, "fused": True}, base, grads)
     assert_same((ours, ours_sd), (fused, fused_sd))
     assert ours_sd["param_groups"][0]["fused"] is True

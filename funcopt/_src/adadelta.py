@@ -17,6 +17,7 @@ from torch.optim.optimizer import ParamsT
 from .adapter import Optimizer
 from .algorithm import Algorithm, Bound
 from .base import GradientTransformation, Params
+from .fused import fused_flag
 from .ops import Coef, Ops, nonzero
 
 
@@ -126,6 +127,7 @@ class Adadelta(Optimizer):
         capturable: bool = False,
         maximize: bool = False,
         differentiable: bool = False,
+        fused: bool | None = None,
     ) -> None:
         super().__init__(
             params,
@@ -138,4 +140,5 @@ class Adadelta(Optimizer):
             capturable=capturable,
             foreach=foreach,
             differentiable=differentiable,
+            **fused_flag(fused),
         )

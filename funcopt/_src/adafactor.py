@@ -31,6 +31,7 @@ from torch.optim.optimizer import ParamsT
 from .adapter import Optimizer
 from .algorithm import Algorithm, Bound, Hyperparams, check_pair
 from .base import GradientTransformation, Params, readable
+from .fused import fused_flag
 from .ops import Coef, Ops, nonzero, power
 
 
@@ -296,6 +297,7 @@ class Adafactor(Optimizer):
         *,
         foreach: bool | None = None,
         maximize: bool = False,
+        fused: bool | None = None,
     ) -> None:
         super().__init__(
             params,
@@ -307,4 +309,5 @@ class Adafactor(Optimizer):
             weight_decay=weight_decay,
             foreach=foreach,
             maximize=maximize,
+            **fused_flag(fused),
         )

@@ -301,7 +301,8 @@ class Adam(Optimizer):
     format, running funcopt's `adam` math in place. ``fused=True`` is accepted where
     torch accepts it: the state's ``step`` is then a float32 tensor on the param's
     device, and a ``torch.amp.GradScaler`` hands the step its scale and inf flag, as
-    with torch's fused class; the math is torch's default step."""
+    with torch's fused class; on the CPU each param steps with one compiled kernel
+    (see ``fused.py``), equal to the default step up to float rounding."""
 
     _algorithm = ADAM
 

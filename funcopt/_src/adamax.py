@@ -16,6 +16,7 @@ from torch.optim.optimizer import ParamsT
 from .adapter import Optimizer
 from .algorithm import Algorithm, Bound
 from .base import GradientTransformation, Params
+from .fused import fused_flag
 from .ops import Coef, Ops, nonzero, power
 
 
@@ -126,6 +127,7 @@ class Adamax(Optimizer):
         maximize: bool = False,
         differentiable: bool = False,
         capturable: bool = False,
+        fused: bool | None = None,
     ) -> None:
         super().__init__(
             params,
@@ -138,4 +140,5 @@ class Adamax(Optimizer):
             maximize=maximize,
             differentiable=differentiable,
             capturable=capturable,
+            **fused_flag(fused),
         )

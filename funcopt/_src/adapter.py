@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT, _device_dtype_check_for_fused
 
-from . import chain_inplace, inplace
+from . import chain_inplace, fused, inplace
 from .algorithm import Algorithm, Hyperparams, normalize, torch_counter
 from .base import (
     GradientTransformation,
@@ -264,6 +264,8 @@ class Optimizer(torch.optim.Optimizer):
             name: p.default
             for name, p in inspect.signature(type(self).__init__).parameters.items()
             if p.default is not inspect.Parameter.empty
+            # a class whose torch twin has no fused step keeps no unset fused (fused.fused_flag)
+            and (name != "fused" or name in self.defaults)
         }
         algorithm = self._transform if isinstance(self._transform, Algorithm) else None
         for group in self.param_groups:
@@ -495,8 +497,10 @@ class Optimizer(torch.optim.Optimizer):
             and not self.defaults.get("differentiable")
             and not torch.compiler.is_compiling()
         ):
-            try:
-                _step_in_place(algorithm, hyperparams, params, grads, states)
+            try:  # fused=True: compiled kernels on the CPU (see fused.py)
+                (fused.step if group.get("fused") else _step_in_place)(
+                    algorithm, hyperparams, params, grads, states
+                )
             except RuntimeError as error:  # torch's own error names no tensor and no cause
                 converted = _converted(algorithm, params, states)
                 if converted is None:

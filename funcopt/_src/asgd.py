@@ -25,6 +25,7 @@ from torch.optim.optimizer import ParamsT
 from .adapter import Optimizer
 from .algorithm import Algorithm, Bound
 from .base import GradientTransformation, Params
+from .fused import fused_flag
 from .ops import Coef, Ops, at_least, nonzero, power
 
 
@@ -176,6 +177,8 @@ class ASGD(Optimizer):
         maximize: bool = False,
         differentiable: bool = False,
         capturable: bool = False,
+        *,
+        fused: bool | None = None,
     ) -> None:
         super().__init__(
             params,
@@ -189,4 +192,5 @@ class ASGD(Optimizer):
             maximize=maximize,
             differentiable=differentiable,
             capturable=capturable,
+            **fused_flag(fused),
         )

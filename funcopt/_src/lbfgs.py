@@ -36,6 +36,7 @@ from torch.optim.optimizer import ParamsT, _to_scalar
 
 from .algorithm import Bound, check_param
 from .base import GradientTransformation, Params, a_kind, tracing
+from .fused import refuse
 from .wrappers import has_schedule, with_schedules
 
 _LR = Bound("lr", "Invalid learning rate: {}")
@@ -732,7 +733,15 @@ class LBFGS(torch.optim.Optimizer):
         tolerance_change: float = 1e-9,
         history_size: int = 100,
         line_search_fn: str | None = None,
+        *,
+        fused: bool | None = None,
     ) -> None:
+        refuse(
+            "LBFGS",
+            "its step calls the closure again and again, and reduces over all params (dot products, "
+            "a line search) between its updates, so there is no per-element kernel to fuse",
+            fused,
+        )
         defaults = _hyperparams(
             lr,
             max_iter,

@@ -26,6 +26,7 @@ from torch.optim.optimizer import ParamsT
 from .adapter import Optimizer
 from .algorithm import Algorithm, Bound, Hyperparams
 from .base import GradientTransformation, Params
+from .fused import fused_flag
 from .ops import Coef, Ops, _cast, nonzero
 
 DEFAULT_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch's (Keller Jordan's) a, b, c
@@ -252,6 +253,8 @@ class Muon(Optimizer):
         eps: float = 1e-7,
         ns_steps: int = 5,
         adjust_lr_fn: str | None = None,
+        *,
+        fused: bool | None = None,
     ) -> None:
         super().__init__(
             params,
@@ -264,6 +267,7 @@ class Muon(Optimizer):
             eps=eps,
             ns_steps=ns_steps,
             adjust_lr_fn=adjust_lr_fn,
+            **fused_flag(fused),
         )
         for group in self.param_groups:
             for p in group["params"]:

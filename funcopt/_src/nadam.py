@@ -21,6 +21,7 @@ from torch.optim.optimizer import ParamsT
 from .adapter import Optimizer
 from .algorithm import Algorithm, Bound
 from .base import GradientTransformation, Params
+from .fused import fused_flag
 from .ops import Coef, Ops, counter_product, nonzero, power
 
 
@@ -188,6 +189,7 @@ class NAdam(Optimizer):
         maximize: bool = False,
         capturable: bool = False,
         differentiable: bool = False,
+        fused: bool | None = None,
     ) -> None:
         super().__init__(
             params,
@@ -202,4 +204,5 @@ class NAdam(Optimizer):
             foreach=foreach,
             capturable=capturable,
             differentiable=differentiable,
+            **fused_flag(fused),
         )

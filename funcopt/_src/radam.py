@@ -30,6 +30,7 @@ from .adam import torch_step, user_capturable
 from .adapter import Optimizer
 from .algorithm import Algorithm, Bound, Hyperparams, scalar_dtype
 from .base import GradientTransformation, Params
+from .fused import fused_flag
 from .ops import Coef, Ops, nonzero, power
 
 
@@ -208,6 +209,7 @@ class RAdam(Optimizer):
         maximize: bool = False,
         capturable: bool = False,
         differentiable: bool = False,
+        fused: bool | None = None,
     ) -> None:
         super().__init__(
             params,
@@ -221,6 +223,7 @@ class RAdam(Optimizer):
             capturable=capturable,
             decoupled_weight_decay=decoupled_weight_decay,
             differentiable=differentiable,
+            **fused_flag(fused),
         )
 
     def _group_hyperparams(self, group: dict[str, Any]) -> Hyperparams:

@@ -22,6 +22,7 @@ from torch.optim.optimizer import ParamsT
 from .adapter import Optimizer
 from .algorithm import Algorithm, Bound
 from .base import GradientTransformation, Params
+from .fused import fused_flag
 from .ops import Coef, Ops, nonzero
 
 
@@ -167,6 +168,8 @@ class RMSprop(Optimizer):
         foreach: bool | None = None,
         maximize: bool = False,
         differentiable: bool = False,
+        *,
+        fused: bool | None = None,
     ) -> None:
         super().__init__(
             params,
@@ -181,4 +184,5 @@ class RMSprop(Optimizer):
             foreach=foreach,
             maximize=maximize,
             differentiable=differentiable,
+            **fused_flag(fused),
         )

@@ -22,6 +22,7 @@ from torch.optim.optimizer import ParamsT
 from .adapter import Optimizer
 from .algorithm import Algorithm, Bound, Hyperparams, check_pair
 from .base import GradientTransformation, Params
+from .fused import fused_flag
 from .ops import Coef, Ops
 
 
@@ -144,6 +145,7 @@ class Rprop(Optimizer):
         foreach: bool | None = None,
         maximize: bool = False,
         differentiable: bool = False,
+        fused: bool | None = None,
     ) -> None:
         super().__init__(
             params,
@@ -155,4 +157,5 @@ class Rprop(Optimizer):
             maximize=maximize,
             differentiable=differentiable,
             capturable=capturable,
+            **fused_flag(fused),
         )

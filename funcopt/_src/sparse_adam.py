@@ -27,6 +27,7 @@ from torch.optim.optimizer import ParamsT
 from .adapter import Optimizer
 from .algorithm import Algorithm, Bound
 from .base import GradientTransformation, Params
+from .fused import refuse
 from .ops import Coef, Ops
 
 DENSE_GRADIENT = "SparseAdam does not support dense gradients, please consider Adam instead"
@@ -162,7 +163,12 @@ class SparseAdam(Optimizer):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         maximize: bool = False,
+        *,
+        fused: bool | None = None,
     ) -> None:
+        refuse(
+            "SparseAdam", "it steps on sparse gradients, which fused steps do not support (as torch's)", fused
+        )
         super().__init__(params, SPARSE_ADAM, lr=lr, betas=betas, eps=eps, maximize=maximize)
         # torch's checks of the params, after its construction
         sparse_params, complex_params = [], []
