@@ -153,7 +153,7 @@ def same_batched(a: Any, b: Any) -> bool:
     shared) with one schedule, where identity would see one per leaf. Not where
     torch.compile traces (it holds no memory to compare; identity serves there)."""
     fx = torch._C._functorch
-    if not fx.is_batchedtensor(a) or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or not fx.is_batchedtensor(a):
         return False
     while fx.is_batchedtensor(a):
         if not (
