@@ -495,7 +495,7 @@ def main() -> None:
     if "3" in sections:
         rows += memory_benchmark()
     if args.write_table:
-        header = ["benchmark", "funcopt (or by hand) ms", "its first call, s", "optax ms", "optax first call, s", "ratio", "target"]  # fmt: skip
+        header = ["benchmark", "funcopt (or by hand) ms; 3: MiB", "its first call, s (warm cache)", "optax ms; 3: by hand, MiB", "optax first call, s", "ratio", "target"]  # fmt: skip
         note = f"Medians of {args.rounds} interleaved rounds ({3 * args.rounds} for MAML K=5); first calls with cold caches."
         write_table(args.write_table, markdown_table(header, rows), "cpu", note)
 
