@@ -146,6 +146,36 @@ def torch_counter(value: Any, p: Tensor, *, on_device: bool, fused: bool) -> Ten
     return torch.tensor(float(value), dtype=scalar_dtype(fused), device=device)
 
 
+def same_batched(a: Any, b: Any) -> bool:
+    """Whether counters `a` and `b` are ``vmap``'s views of one counter: batched tensors
+    at the same level and batch dim, down to plain tensors that no autograd records and
+    that view the same memory alike. ``vmap(init)`` gives each leaf such a view of the
+    counter that its leaves share, which are then stepped (and their new counter
+    shared) with one schedule, where identity would see one per leaf. Not where
+    torch.compile traces (it holds no memory to compare; identity serves there)."""
+    fx = torch._C._functorch
+    if torch.compiler.is_compiling() or not fx.is_batchedtensor(a):
+        return False
+    while fx.is_batchedtensor(a):
+        if not (
+            fx.is_batchedtensor(b)
+            and fx.maybe_get_level(a) == fx.maybe_get_level(b)
+            and fx.maybe_get_bdim(a) == fx.maybe_get_bdim(b)
+        ):
+            return False
+        a, b = fx.get_unwrapped(a), fx.get_unwrapped(b)
+    if a is b:
+        return True
+    return (
+        type(a) is Tensor
+        and type(b) is Tensor
+        and not (a.requires_grad or b.requires_grad or a.is_meta or fx.is_functorch_wrapped_tensor(b))
+        and (a.dtype, a.device, a.shape, a.stride(), a.storage_offset())
+        == (b.dtype, b.device, b.shape, b.stride(), b.storage_offset())
+        and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    )
+
+
 def _nothing(**_: Any) -> tuple[str, ...]:
     return ()
 
@@ -425,9 +455,13 @@ class Algorithm:
                 self.check_sparse_grad(hyperparams)
             # Leaves share their counter tensors (see init): the schedule is computed once
             # per run of leaves with the same counters. Compared by identity, not id()
-            # (torch.compile would guard on id values), and with the last run only (a
-            # search of all would make tracing quadratic in the number of leaves).
-            if last is None or any(map(operator.is_not, last[0], counters)):
+            # (torch.compile would guard on id values), or as views of one batched
+            # counter (`same_batched`), and with the last run only (a search of all
+            # would make tracing quadratic in the number of leaves).
+            if last is None or (
+                any(map(operator.is_not, last[0], counters))
+                and not all(a is b or same_batched(a, b) for a, b in zip(last[0], counters))
+            ):
                 schedule = self._schedule(counters, hyperparams, traceable, by_value)
                 # coefficients in tensors (from a tensor hyperparameter, or counters not
                 # read: traced, or on the meta device) take the `Pure` ops one leaf at a
