@@ -652,10 +652,6 @@ def _step_in_place(
             groups.setdefault(key, []).append(i)
     creating = algorithm.creating(hyperparams)
     sharded = any([isinstance(p, DTensor) for p in params])
-    # tiny vectors on the CPU (biases, norms), the most numerous params, join chunks in
-    # bulk (if their math is per element, and dense and real); the others step one by one
-    vector = [p.dim() == 1 and p.is_cpu and p.numel() <= inplace.TINY for p in params]
-    chunks = inplace.Chunks(algorithm, hyperparams)  # small params on the CPU
     written: list[tuple[list[list[Tensor]], tuple[Any, ...]]] = []  # counters, their new values
     for key, indices in groups.items():
         new_values, coefficients = _to_python(
@@ -665,21 +661,17 @@ def _step_in_place(
         # a param whose math looks across elements, or that has a buffer to create, steps
         # by itself; so does a DTensor whose buffers are not all sharded as it is
         alone = not algorithm.per_element or creating([column[indices[0]] for column in buffer_columns])
-        lists: dict[torch.device, list[list[Tensor]]] = {}  # device -> tensors (GPUs)
-        if not (alone or sparse or sharded or key[1].is_complex):
-            vectors = [i for i in indices if vector[i]]
-            if vectors:
-                chunks.add_vectors(
-                    coefficients,
-                    [params[i] for i in vectors],
-                    [grads[i] for i in vectors],
-                    [[column[i] for i in vectors] for column in buffer_columns],
-                )
-                if len(vectors) == len(indices):
-                    indices = []
-                else:
-                    taken = set(vectors)
-                    indices = [i for i in indices if i not in taken]
+        if not (alone or sparse or sharded or key[1].is_complex):  # as usual
+            inplace.step_dense(
+                algorithm,
+                coefficients,
+                hyperparams,
+                [params[i] for i in indices],
+                [grads[i] for i in indices],
+                [[column[i] for i in indices] for column in buffer_columns],
+            )
+            continue
+        dense: tuple[list[Any], list[Any], list[Any]] = ([], [], [])  # params, grads, buffers
         for i in indices:
             p, g, buffers = params[i], grads[i], [column[i] for column in buffer_columns]
             if isinstance(p, DTensor) and not alone:  # its local shards, if sharded alike
@@ -687,29 +679,17 @@ def _step_in_place(
             is_complex = p.is_complex()
             if is_complex:
                 p, g, buffers = as_real(p), as_real(g), [as_real(b) for b in buffers]
-            if alone or isinstance(p, DTensor):  # DTensor ops, by itself
+            if alone or g.is_sparse or isinstance(p, DTensor):  # by itself (sparse or DTensor ops)
                 new = inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
                 for name, old, value in zip(algorithm.buffer_fields, buffers, new):
                     if old is None and value is not None:  # created (SGD's momentum_buffer)
                         states[i][name] = as_complex(value) if is_complex else value
                 continue
-            # read once: each attribute read costs as much as a small op (300 tiny params)
-            device, numel = p.device, p.numel()
-            if g.is_sparse:  # the whole param at once, with sparse ops
-                inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
-            elif inplace.use_lists(device):
-                group = lists.setdefault(device, [[] for _ in range(2 + len(buffers))])
-                for column, t in zip(group, (p, g, *buffers)):
-                    column.append(t)
-            elif numel <= inplace.TINY:
-                chunks.add(device, coefficients, p, g, buffers, numel)
-            elif numel > inplace.SEGMENT and inplace.blockable(p, *buffers):
-                inplace.run_blocks(algorithm, coefficients, hyperparams, p, p, g, buffers)
-            else:  # the whole param at once: one segment
-                inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
-        chunks.run()  # a chunk holds params of one group: their schedule is the same
-        for tensors in lists.values():
-            inplace.run_lists(algorithm, coefficients, hyperparams, tensors)
+            for column, value in zip(dense, (p, g, buffers)):
+                column.append(value)
+        if dense[0]:
+            by_buffer = [list(column) for column in zip(*dense[2])]
+            inplace.step_dense(algorithm, coefficients, hyperparams, dense[0], dense[1], by_buffer)
     for tensors, new_values in written:
         for column, value in zip(tensors, new_values):
             torch._foreach_copy_(

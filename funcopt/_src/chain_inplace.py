@@ -438,41 +438,18 @@ def step(
         return False
     if not _plain(params, grads, columns):
         return False
-    # tiny vectors on the CPU (biases, norms), the most numerous params, step in bulk
-    vector = [p.dim() == 1 and p.is_cpu and p.numel() <= inplace.TINY for p in params]
     by_dtype: dict[torch.dtype, list[int]] = {}
     for i, p in enumerate(params):
         by_dtype.setdefault(p.dtype, []).append(i)
     for dtype, indices in by_dtype.items():
-        coefficients = found.coefficients(dtype)
-        vectors = [i for i in indices if vector[i]]
-        if vectors:
-            inplace.Chunks(found, {}).add_vectors(
-                coefficients,
-                [params[i] for i in vectors],
-                [grads[i] for i in vectors],
-                [[column[i] for i in vectors] for column in columns],
-            )
-        chunks = inplace.Chunks(found, {})  # other small params on the CPU
-        lists: dict[torch.device, list[list[Tensor]]] = {}  # device -> columns (GPUs)
-        for i in indices:
-            if vector[i]:
-                continue
-            p, g, buffers = params[i], grads[i], [column[i] for column in columns]
-            device, numel = p.device, p.numel()
-            if inplace.use_lists(device):
-                group = lists.setdefault(device, [[] for _ in range(2 + len(buffers))])
-                for column, t in zip(group, (p, g, *buffers)):
-                    column.append(t)
-            elif numel <= inplace.TINY:
-                chunks.add(device, coefficients, p, g, buffers, numel)
-            elif numel > inplace.SEGMENT and inplace.blockable(p, *buffers):
-                inplace.run_blocks(found, coefficients, {}, p, p, g, buffers)
-            else:
-                inplace.run(found, coefficients, {}, p, p, g, buffers)
-        chunks.run()
-        for group in lists.values():
-            inplace.run_lists(found, coefficients, {}, group)
+        inplace.step_dense(
+            found,
+            found.coefficients(dtype),
+            {},
+            [params[i] for i in indices],
+            [grads[i] for i in indices],
+            [[column[i] for i in indices] for column in columns],
+        )
     _write_counts(found.counts, states + skipped)
     return True
 

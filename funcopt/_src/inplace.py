@@ -235,6 +235,43 @@ class Chunks:
             run_chunk(self.algorithm, entry[0], self.hyperparams, entries.pop(key)[1])
 
 
+def step_dense(algorithm: Any, coefficients: Any, hyperparams: Any, ps: Sequence[Tensor],
+               gs: Sequence[Tensor], buffers: Sequence[Sequence[Any]]) -> None:  # fmt: skip
+    """Step params in place, each the fastest way: tiny vectors on the CPU (biases, norms,
+    the most numerous params) in bulk (`Chunks.add_vectors`), other small CPU params in
+    chunks, large ones in blocks, params elsewhere in groups with `ForEach` ops.
+
+    The params (real, dense, with per-element math) share their schedule and dtype;
+    `buffers` holds each buffer's column (Nones where absent from all)."""
+    vector = [p.dim() == 1 and p.is_cpu and p.numel() <= TINY for p in ps]
+    chunks = Chunks(algorithm, hyperparams)
+    vectors = [i for i, v in enumerate(vector) if v]
+    if vectors:
+        chunks.add_vectors(coefficients, [ps[i] for i in vectors], [gs[i] for i in vectors],
+                           [[column[i] for i in vectors] for column in buffers])  # fmt: skip
+    if len(vectors) == len(ps):
+        return
+    lists: dict[torch.device, list[list[Tensor]]] = {}  # device -> columns
+    for i, (p, g) in enumerate(zip(ps, gs)):
+        if vector[i]:
+            continue
+        row = [column[i] for column in buffers]
+        device, numel = p.device, p.numel()  # read once: each read costs as much as a small op
+        if use_lists(device):
+            group = lists.setdefault(device, [[] for _ in range(2 + len(row))])
+            for column, t in zip(group, (p, g, *row)):
+                column.append(t)
+        elif numel <= TINY:
+            chunks.add(device, coefficients, p, g, row, numel)
+        elif numel > SEGMENT and blockable(p, *row):
+            run_blocks(algorithm, coefficients, hyperparams, p, p, g, row)
+        else:  # the whole param at once: one segment
+            run(algorithm, coefficients, hyperparams, p, p, g, row)
+    chunks.run()
+    for columns in lists.values():
+        run_lists(algorithm, coefficients, hyperparams, columns)
+
+
 def fresh_step(algorithm: Any, coefficients: Any, hyperparams: Any, p: Tensor | None, g: Tensor,
                buffers: Sequence[Tensor]) -> tuple[Tensor, list[Tensor]]:  # fmt: skip
     """One param's step as new tensors ``(update, new buffers)``, computed in place, block
