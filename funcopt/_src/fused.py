@@ -4,16 +4,17 @@ torch.optim has a fused step only for SGD, Adam, AdamW and Adagrad, in hand-writ
 C++. funcopt's classes take ``fused=True`` for every per-element algorithm and get one
 from inductor instead: the algorithm's ``elementwise`` math, run with `OnParam` ops (the
 `Pure` ops, starting from the param), on 1-D tensors on the memory of the param, its
-gradient and its buffers, its results copied back into them. torch.compile turns that into one loop of
-generated C++ that reads each tensor once and writes the param and the buffers once,
-as a hand-written fused kernel does.
+gradient and its buffers, its results copied back into them. torch.compile turns that
+into one loop of generated C++ that reads each tensor once and writes the param and the
+buffers once, as a hand-written fused kernel does.
 
 A kernel is compiled once per (algorithm, hyperparameters that shape the math, dtype,
 which buffers are present, torch's number of threads): its length is dynamic, so one
 compilation serves every param of that dtype, and every float hyperparameter and every
 coefficient of the schedule reaches it in a float64 tensor of scalars (an input, not a
-constant), so a scheduler's new lr or betas, or the growing step count, never recompiles. The options that choose the math (amsgrad,
-maximize, nesterov, centered) are fixed in it, and so is whether a hyperparameter such
+constant), so a scheduler's new lr or betas, or the growing step count, never
+recompiles. The options that choose the math (amsgrad, maximize, nesterov, centered) are
+fixed in it, and so is whether a hyperparameter such
 as weight decay is zero (a term the math then leaves out): a scheduler that sets one to
 zero, or from zero, compiles one more kernel. The per-step scalar math (``schedule``)
 runs eagerly, in Python doubles, as the in-place step's does.
