@@ -197,12 +197,7 @@ class Chunks:
                     buffers: list[list[Any]]) -> None:  # fmt: skip
         """Step 1-d params of at most `TINY` elements (their gradients, then each buffer's
         column: all of one schedule, dtype and device), in chunks of about `CHUNK`
-        elements, at once: no per-param queueing (`add`), which counts with hundreds.
-        Without buffers (SGD without momentum) the math is an op or two: each as one
-        foreach call over the params costs less than concatenating them and copying back."""
-        if all(column[0] is None for column in buffers):
-            run_lists(self.algorithm, coefficients, self.hyperparams, [ps, gs, *buffers])
-            return
+        elements, at once: no per-param queueing (`add`), which counts with hundreds."""
         start, size = 0, 0
         for j, n in enumerate([p.shape[0] for p in ps]):
             size += n
@@ -242,7 +237,12 @@ def step_dense(algorithm: Any, coefficients: Any, hyperparams: Any, ps: Sequence
     chunks, large ones in blocks, params elsewhere in groups with `ForEach` ops.
 
     The params (real, dense, with per-element math) share their schedule and dtype;
-    `buffers` holds each buffer's column (Nones where absent from all)."""
+    `buffers` holds each buffer's column (Nones where absent from all). Without buffers
+    (SGD without momentum) the math is an op or two, with nothing to keep in the cache:
+    one foreach call per op for all the params, as torch's foreach step, costs least."""
+    if all(column[0] is None for column in buffers):
+        run_lists(algorithm, coefficients, hyperparams, [list(ps), list(gs), *map(list, buffers)])
+        return
     vector = [p.dim() == 1 and p.is_cpu and p.numel() <= TINY for p in ps]
     chunks = Chunks(algorithm, hyperparams)
     vectors = [i for i, v in enumerate(vector) if v]
