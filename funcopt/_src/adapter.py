@@ -599,6 +599,7 @@ def _step_in_place(
     grads: list[Tensor],
     states: list[dict[str, Any]],
     tried: bool = False,
+    dense: Callable[..., None] = inplace.step_dense,
 ) -> None:
     """torch.optim's step, in place. The counters are read as Python floats and the
     schedule runs in double precision, once per group of params with the same counter
@@ -611,7 +612,8 @@ def _step_in_place(
 
     The state is read column by column (one list per key), and the params are grouped
     by what their math shares before any runs: each per-param read costs about as much
-    as a small op, which counts with hundreds of tiny params."""
+    as a small op, which counts with hundreds of tiny params. The dense params of a
+    group step by `dense` (``inplace.step_dense``, or fused.py's compiled kernels)."""
     k = len(algorithm.counters)
     given, hyperparams = hyperparams, {name: _to_python(v) for name, v in hyperparams.items()}
     try:
@@ -634,7 +636,7 @@ def _step_in_place(
         # the model was converted after its state was made: where the math then fails
         # (torch's Adamax does; its Adagrad steps on), it fails on copies first, changing nothing
         copies = [{name: _clone(value) for name, value in s.items()} for s in states]
-        _step_in_place(algorithm, given, [p.clone() for p in params], grads, copies, tried=True)
+        _step_in_place(algorithm, given, [p.clone() for p in params], grads, copies, tried=True, dense=dense)
     # what a group shares: the counters' values and dtypes (torch updates a counter in its
     # dtype), the param's dtype, and which buffers are absent
     values = _rows(
@@ -662,7 +664,7 @@ def _step_in_place(
         # by itself; so does a DTensor whose buffers are not all sharded as it is
         alone = not algorithm.per_element or creating([column[indices[0]] for column in buffer_columns])
         if not (alone or sparse or sharded or key[1].is_complex):  # as usual
-            inplace.step_dense(
+            dense(
                 algorithm,
                 coefficients,
                 hyperparams,
@@ -671,7 +673,8 @@ def _step_in_place(
                 [[column[i] for i in indices] for column in buffer_columns],
             )
             continue
-        dense: tuple[list[Any], list[Any], list[Any]] = ([], [], [])  # params, grads, buffers
+        # (a group with DTensors, complex or sparse gradients: no fused kernels)
+        plain: tuple[list[Any], list[Any], list[Any]] = ([], [], [])  # params, grads, buffers
         for i in indices:
             p, g, buffers = params[i], grads[i], [column[i] for column in buffer_columns]
             if isinstance(p, DTensor) and not alone:  # its local shards, if sharded alike
@@ -685,11 +688,11 @@ def _step_in_place(
                     if old is None and value is not None:  # created (SGD's momentum_buffer)
                         states[i][name] = as_complex(value) if is_complex else value
                 continue
-            for column, value in zip(dense, (p, g, buffers)):
+            for column, value in zip(plain, (p, g, buffers)):
                 column.append(value)
-        if dense[0]:
-            by_buffer = [list(column) for column in zip(*dense[2])]
-            inplace.step_dense(algorithm, coefficients, hyperparams, dense[0], dense[1], by_buffer)
+        if plain[0]:
+            by_buffer = [list(column) for column in zip(*plain[2])]
+            inplace.step_dense(algorithm, coefficients, hyperparams, plain[0], plain[1], by_buffer)
     for tensors, new_values in written:
         for column, value in zip(tensors, new_values):
             torch._foreach_copy_(

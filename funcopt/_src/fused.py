@@ -34,7 +34,7 @@ compiles its kernels from that cache, in about a second each.
 from __future__ import annotations
 
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -83,78 +83,47 @@ _KERNELS: dict[Any, Callable[..., None]] = {}
 
 def step(algorithm: Algorithm, hyperparams: Hyperparams, params: list[Tensor], grads: list[Tensor],
          states: list[dict[str, Any]]) -> None:  # fmt: skip
-    """A fused group's step (the adapter's `_step_in_place` for ``fused=True``): each CPU
-    param whose tensors are dense alike by its compiled kernel, the others by the
-    in-place step. The counters, their schedule and the checks are the in-place step's."""
-    from .adapter import (
-        DTensor,
-        _check_shapes,
-        _converted,
-        _fields,
-        _missing_entry,
-        _step_in_place,
-        _to_python,
-    )
+    """A fused group's step: the adapter's in-place step (its checks, counters and
+    schedule), whose dense params `step_dense` steps."""
+    from .adapter import _step_in_place
 
-    if not algorithm.per_element:  # a per-tensor rule (norms, matrix products): nothing to fuse
-        _step_in_place(algorithm, hyperparams, params, grads, states)
-        return
-    k = len(algorithm.counters)
-    given, hyperparams = hyperparams, {name: _to_python(v) for name, v in hyperparams.items()}
-    fields = _fields(algorithm, hyperparams)
-    creating = algorithm.creating(hyperparams)
-    # each param to fuse: its counters, its flat tensors, and which buffers are absent
-    rows: list[tuple[list[Tensor], list[Tensor], tuple[bool, ...]]] = []
-    rest: tuple[list[Any], list[Any], list[Any]] = ([], [], [])  # params, grads, states to step in place
-    for p, g, state in zip(params, grads, states):
-        try:
-            tensors: list[Any] = [state[name] if required else state.get(name) for name, required in fields]
-        except KeyError as e:
-            raise _missing_entry(e) from None
-        _check_shapes(algorithm, p, g, tensors[k:])
-        buffers = tensors[k:]
-        present = [b for b in buffers if b is not None]
-        if any(b.dtype != p.dtype for b in present):  # the model was converted after the state was made
-            raise _converted(algorithm, [p], [state]) or RuntimeError("dtypes differ")
+    _step_in_place(algorithm, hyperparams, params, grads, states, dense=step_dense)
+
+
+def step_dense(algorithm: Algorithm, coefficients: Any, hyperparams: Hyperparams, ps: Sequence[Tensor],
+               gs: Sequence[Tensor], buffers: Sequence[Sequence[Any]]) -> None:  # fmt: skip
+    """`inplace.step_dense` for a fused group: each CPU param of more than `inplace.TINY`
+    elements whose tensors are dense alike by its compiled kernel, the others as
+    `inplace.step_dense` steps them. Raises (before anything changes) where a buffer's
+    dtype is not its param's: the model was converted after the state was made."""
+    kernel_rows: list[list[Tensor]] = []
+    rest: list[int] = []
+    for i, (p, g) in enumerate(zip(ps, gs)):
+        present = [column[i] for column in buffers if column[i] is not None]
+        if any(b.dtype != p.dtype for b in present):  # the adapter names the cause
+            raise RuntimeError("a state's dtype differs from its param's")
         views = None
-        if (
-            p.numel() > inplace.TINY  # tiny ones step in the in-place step's chunks
-            and p.device.type == "cpu"
-            and not g.is_sparse
-            and not isinstance(p, DTensor)
-            and not creating(buffers)
-        ):
+        if p.numel() > inplace.TINY and p.is_cpu and g.dtype == p.dtype:  # tiny ones step in chunks
             views = [flat(t, p) for t in (p, g, *present)]
-        if views is None or any(v is None for v in views) or g.dtype != p.dtype:
-            for column, value in zip(rest, (p, g, state)):
-                column.append(value)
-            continue
-        rows.append((tensors[:k], [v for v in views if v is not None], tuple(b is None for b in buffers)))
-    if rest[0]:
-        _step_in_place(algorithm, given, *rest)
-    if not rows:
+        if views is None or any(v is None for v in views):
+            rest.append(i)
+        else:
+            kernel_rows.append([v for v in views if v is not None])
+    if rest:
+        inplace.step_dense(algorithm, coefficients, hyperparams, [ps[i] for i in rest], [gs[i] for i in rest],
+                           [[column[i] for i in rest] for column in buffers])  # fmt: skip
+    if not kernel_rows:
         return
     static, names, values = _split(hyperparams)
-    threads = torch.get_num_threads()
-    # counter values and dtypes -> (new values, the scalars a kernel takes, their counters)
-    schedules: dict[tuple[Any, ...], tuple[Any, Tensor, tuple[bool, ...], list[list[Tensor]]]] = {}
-    for counters, flats, absent in rows:
-        key = tuple([c.item() for c in counters] + [c.dtype for c in counters])
-        if key not in schedules:
-            new, coefficients = _to_python(algorithm.schedule(*key[:k], counter_dtypes=key[k:], **given))
-            scalars = torch.tensor([float(c) for c in coefficients] + values, dtype=torch.float64)
-            schedules[key] = (new, scalars, tuple(isinstance(c, bool) for c in coefficients), [])
-        new, scalars, choices, stepped = schedules[key]
-        stepped.append(counters)
-        structure = (algorithm, static, names, choices, absent, flats[0].dtype, threads)
+    scalars = torch.tensor([float(c) for c in coefficients] + values, dtype=torch.float64)
+    choices = tuple(isinstance(c, bool) for c in coefficients)
+    absent = tuple(column[0] is None for column in buffers)  # alike in a group
+    for flats in kernel_rows:
+        structure = (algorithm, static, names, choices, absent, flats[0].dtype, torch.get_num_threads())
         kernel = _KERNELS.get(structure)
         if kernel is None:
             kernel = _KERNELS[structure] = _kernel(algorithm, static, names, choices, absent)
         kernel(*flats, scalars)
-    for new, _, _, stepped in schedules.values():
-        for j, value in enumerate(new):
-            ticks = [c[j] for c in stepped]
-            torch._foreach_copy_(ticks, [torch.tensor(value, dtype=torch.float64)] * len(ticks))
 
 
 def _kernel(algorithm: Algorithm, static: tuple[tuple[str, Any], ...], names: tuple[Any, ...],
