@@ -67,8 +67,7 @@ from .transforms import (
 from .wrappers import ScheduledState, _at
 
 _FLOATS = frozenset({torch.float32, torch.float64, torch.bfloat16, torch.float16})
-_PLAIN = (Tensor, torch.nn.Parameter)
-_PLAIN_TYPES = frozenset(_PLAIN)
+_PLAIN_TYPES = frozenset(base._PLAIN)
 
 Math = Callable[..., tuple[Any, bool, Sequence[Any]]]
 """A block's per-element math: ``math(o, u, owned, p, buffers, coefficients) -> (u,
@@ -130,13 +129,22 @@ class Plan:
     """A chain of known blocks, as the engine runs an `Algorithm`: ``elementwise`` is the
     whole chain's math on one set of tensors (or `ForEach` lists), ``p += u`` at the end."""
 
-    def __init__(self, blocks: list[_Block], counts: list[tuple[str, Tensor]]) -> None:
+    def __init__(
+        self, blocks: list[_Block], counts: list[tuple[str, Tensor]], later: list[Callable[[], None]]
+    ) -> None:
         self.blocks = blocks
+        self.later = later
+        """What to compute once the step's tensors passed the checks (reads of all the gradients)."""
         self.counts = counts
         """The group's shared slots (counts) and their new values."""
         self.slots = tuple(name for block in blocks for name in block.slots)
         """The per-param buffers' slots, in the order the math takes them."""
         self._coefficients: dict[torch.dtype, Any] = {}
+
+    def finish(self) -> None:
+        """Compute what waited for the checks (`clip_by_global_norm`'s factor)."""
+        for compute in self.later:
+            compute()
 
     def coefficients(self, dtype: torch.dtype) -> Any:
         """Each block's scalars for leaves of `dtype`."""
@@ -282,14 +290,12 @@ def _global_clip(planner: _Planner, node: Any, max_norm: Any) -> bool:
     chain): their norm, and the factor, as `_clip_by_global_norm_update` computes them."""
     if not isinstance(node, EmptyState) or planner.blocks:
         return False
-    if not all(type(g) in _PLAIN and g.layout is torch.strided and g.dtype in _FLOATS for g in planner.grads):
-        return False
     if not _scalar(max_norm):
         return False
     block = _Block(_scale_math, (), (None,))
     planner.blocks.append(block)
 
-    def factor() -> None:  # once the whole chain is known: a chain that is not reads no norm here
+    def factor() -> None:  # once the chain and the tensors pass (`Plan.finish`): else no norm is read
         norm = global_norm(planner.grads)
         m = coef(max_norm, norm)
         block.scalars = (m / torch.clamp(norm, min=m),)
@@ -377,9 +383,7 @@ def plan(
     planner = _Planner(state, per_param, grads)
     if not planner.walk(transform, treedef.unflatten(names)):
         return None
-    for compute in planner.later:
-        compute()
-    return Plan(planner.blocks, planner.counts)
+    return Plan(planner.blocks, planner.counts, planner.later)
 
 
 # ---------------------------------------------------------------- the step
@@ -438,6 +442,7 @@ def step(
         return False
     if not _plain(params, grads, columns):
         return False
+    found.finish()
     by_dtype: dict[torch.dtype, list[int]] = {}
     for i, p in enumerate(params):
         by_dtype.setdefault(p.dtype, []).append(i)
