@@ -38,7 +38,7 @@ from torch import Tensor
 from torch.optim.optimizer import ParamsT, _device_dtype_check_for_fused
 
 from . import chain_inplace, fused, inplace
-from .algorithm import Algorithm, Hyperparams, normalize, torch_counter
+from .algorithm import Algorithm, Hyperparams, normalize, rows, torch_counter
 from .base import (
     GradientTransformation,
     MaskedNode,
@@ -639,12 +639,12 @@ def _step_in_place(
         _step_in_place(algorithm, given, [p.clone() for p in params], grads, copies, tried=True, dense=dense)
     # what a group shares: the counters' values and dtypes (torch updates a counter in its
     # dtype), the param's dtype, and which buffers are absent
-    values = _rows(
+    values = rows(
         [[c.item() for c in column] for column in counters]
         + [[c.dtype for c in column] for column in counters],
         len(params),
     )
-    absent = _rows([[b is None for b in column] for column in buffer_columns], len(params))
+    absent = rows([[b is None for b in column] for column in buffer_columns], len(params))
     keys = list(zip(values, dtypes, absent))
     groups: dict[Any, list[int]] = {}
     if keys.count(keys[0]) == len(keys):  # one group, as usual: no loop
@@ -698,11 +698,6 @@ def _step_in_place(
             torch._foreach_copy_(
                 column, [torch.tensor(value, dtype=torch.float64, device="cpu")] * len(column)
             )
-
-
-def _rows(columns: list[list[Any]], n: int) -> list[tuple[Any, ...]]:
-    """Per param, its entry of each column (``()`` for each of `n` params if no column)."""
-    return list(zip(*columns)) if columns else [()] * n
 
 
 def _check_all_shapes(

@@ -176,6 +176,11 @@ def same_batched(a: Any, b: Any) -> bool:
     )
 
 
+def rows(columns: Sequence[Sequence[Any]], n: int) -> list[tuple[Any, ...]]:
+    """Per leaf, its entry of each column (``()`` for each of `n` leaves if no column)."""
+    return list(zip(*columns)) if columns else [()] * n
+
+
 def _nothing(**_: Any) -> tuple[str, ...]:
     return ()
 
@@ -429,10 +434,10 @@ class Algorithm:
         k = len(self.counters)
         n = len(g_leaves)
         # per leaf: its counters, its buffers (None where absent), which are absent
-        counter_rows = list(zip(*columns[:k])) if k else [()] * n
+        counter_rows = rows(columns[:k], n)
         buffer_columns = [[None if type(b) is MaskedNode else b for b in column] for column in columns[k:]]
-        buffer_rows = list(zip(*buffer_columns)) if buffer_columns else [()] * n
-        absent_rows = list(zip(*[[b is None for b in column] for column in buffer_columns])) or [()] * n
+        buffer_rows = rows(buffer_columns, n)
+        absent_rows = rows([[b is None for b in column] for column in buffer_columns], n)
         # the previous leaf's counters, their schedule, and whether its coefficients are numbers
         last: tuple[tuple[Any, ...], Any, bool] | None = None
         by_value: dict[Any, Any] = {}  # readable counters' values -> their schedule
