@@ -92,6 +92,18 @@ def hand_adamax(p, g, m, u, step, lr):
     return p - lr / (1 - BETA1**step) * m / u, m, u
 
 
+def hand_inner_loop(loss_fn, p, x, y, k):
+    """`k` Adamax steps (lr 0.01) on the loss at (x, y), by hand: what ``fo.inner_loop``
+    does, in plain tensor math. Returns the adapted params."""
+    m = {n: torch.zeros_like(v) for n, v in p.items()}
+    u = {n: torch.zeros_like(v) for n, v in p.items()}
+    for step in range(1, k + 1):
+        g = grad(loss_fn)(p, x, y)
+        new = {n: hand_adamax(p[n], g[n], m[n], u[n], step, 0.01) for n in p}
+        p, m, u = ({n: v[i] for n, v in new.items()} for i in range(3))
+    return p
+
+
 # -- 1. sweeps ------------------------------------------------------------------------
 
 
@@ -301,13 +313,7 @@ def maml_functions(k: int):
         return loss_fn(adapted, x, y)
 
     def hand_task(p, x, y):
-        m = {n: torch.zeros_like(v) for n, v in p.items()}
-        u = {n: torch.zeros_like(v) for n, v in p.items()}
-        for step in range(1, k + 1):
-            g = grad(loss_fn)(p, x, y)
-            new = {n: hand_adamax(p[n], g[n], m[n], u[n], step, 0.01) for n in p}
-            p, m, u = ({n: v[i] for n, v in new.items()} for i in range(3))
-        return loss_fn(p, x, y)
+        return loss_fn(hand_inner_loop(loss_fn, p, x, y, k), x, y)
 
     def meta(task):
         return grad_and_value(lambda p: vmap(task, in_dims=(None, 0, 0))(p, xs, ys).mean())
@@ -421,13 +427,7 @@ def memory_child_main(spec: str) -> None:
     def adapt(p, x, y):
         if name == "funcopt":
             return fo.inner_loop(loss_fn, p, fo.adamax(lr=0.01), [(x, y)] * k)[0]
-        m = {n: torch.zeros_like(v) for n, v in p.items()}
-        u = {n: torch.zeros_like(v) for n, v in p.items()}
-        for step in range(1, k + 1):
-            g = grad(loss_fn)(p, x, y)
-            new = {n: hand_adamax(p[n], g[n], m[n], u[n], step, 0.01) for n in p}
-            p, m, u = ({n: v[i] for n, v in new.items()} for i in range(3))
-        return p
+        return hand_inner_loop(loss_fn, p, x, y, k)
 
     before = rss_now()
     total = sum(loss_fn(adapt(meta_params, xs[t], ys[t]), xs[t], ys[t]) for t in range(len(xs)))
