@@ -53,6 +53,7 @@ from step_time import (  # noqa: E402
     make_trainable,
     markdown_table,
     measure,
+    synchronizer,
     write_table,
 )
 
@@ -104,38 +105,43 @@ def floor_step(fused: torch.optim.Optimizer) -> callable:
     return step
 
 
-def torch_steps(name: str, shapes) -> dict[str, callable]:
+def torch_steps(name: str, shapes, device: str) -> dict[str, callable]:
     """torch's eager steps of `name`: the for-loop, foreach, and fused where torch has it."""
     cls = getattr(torch.optim, name)
     steps = {
-        "torch": cls(make_trainable(shapes), foreach=False).step,
-        "torch foreach": cls(make_trainable(shapes), foreach=True).step,
+        "torch": cls(make_trainable(shapes, device), foreach=False).step,
+        "torch foreach": cls(make_trainable(shapes, device), foreach=True).step,
     }
     if name in TORCH_FUSED:
-        steps["torch fused"] = cls(make_trainable(shapes), fused=True).step
+        steps["torch fused"] = cls(make_trainable(shapes, device), fused=True).step
     return steps
 
 
-def compiled_torch_step(name: str, shapes) -> callable:
-    """``torch.compile`` of torch's own step, compiled here (its first two calls)."""
-    opt = getattr(torch.optim, name)(make_trainable(shapes), foreach=True)
+def compiled_step(cls: type, name: str, shapes, device: str) -> callable:
+    """``torch.compile`` of `cls`'s step (torch's own, or funcopt's), compiled here (its
+    first two calls)."""
+    opt = cls(make_trainable(shapes, device), foreach=True)
     step = torch.compile(opt.step)
     t0 = time.perf_counter()
     step()
     step()
-    print(f"  (torch.compile of torch's {name} step: {time.perf_counter() - t0:.0f} s)", flush=True)
+    print(f"  (torch.compile of {cls.__module__.split('.')[0]}'s {name} step: {time.perf_counter() - t0:.0f} s)",
+          flush=True)  # fmt: skip
     return step
 
 
-def timed(name: str, shapes, rounds: int, compiled: bool) -> dict[str, float]:
+def timed(name: str, shapes, device: str, rounds: int, compiled: bool) -> dict[str, float]:
     """Median step times of the contenders, interleaved round by round."""
-    fused = getattr(fo, name)(make_trainable(shapes), fused=True)
+    fused = getattr(fo, name)(make_trainable(shapes, device), fused=True)
     fused.step()  # compiles its kernels, and creates every buffer
-    steps = {"fused": fused.step, "floor": floor_step(fused), **torch_steps(name, shapes)}
+    steps = {"fused": fused.step, "floor": floor_step(fused), **torch_steps(name, shapes, device)}
     steps["floor"]()  # compiles the floor's kernels
     if compiled:
-        steps["torch compiled"] = compiled_torch_step(name, shapes)
-    return {label: statistics.median(ts) for label, ts in measure(steps, rounds).items()}
+        steps["torch compiled"] = compiled_step(getattr(torch.optim, name), name, shapes, device)
+        if device != "cpu":
+            steps["funcopt compiled"] = compiled_step(getattr(fo, name), name, shapes, device)
+    times = measure(steps, rounds, sync=synchronizer(device))
+    return {label: statistics.median(ts) for label, ts in times.items()}
 
 
 FIRST_STEP = """
@@ -172,21 +178,26 @@ def main() -> None:
     parser.add_argument("--compiled", action="store_true", help="also time torch.compile of torch's step")
     parser.add_argument("--first-step", action="store_true", help="time the first step, cold and warm cache")
     parser.add_argument("--threads", help="the thread counts to time, say 1 (default: torch's, then 1)")
+    parser.add_argument("--device", default="cpu", help="cuda: a GPU, where fused=True steps as foreach does")
     parser.add_argument("--write-table", metavar="PATH", help="also write the tables as Markdown to PATH")
     args = parser.parse_args()
     shapes = benchmark_shapes()
     numel = sum(torch.Size(s).numel() for s in shapes)
-    print(f"torch {torch.__version__}; {len(shapes)} float32 tensors, {numel / 1e6:.1f}M elements")
+    print(
+        f"torch {torch.__version__}; {len(shapes)} float32 tensors, {numel / 1e6:.1f}M elements; {args.device}"
+    )
     algorithms = args.algorithms.split(",")
     threads = torch.get_num_threads()
     tables = []
     counts = [int(n) for n in args.threads.split(",")] if args.threads else sorted({threads, 1}, reverse=True)
+    if args.device != "cpu":
+        counts = [threads]  # the host's threads barely matter to a GPU's step
     for threads_now in counts:
         torch.set_num_threads(threads_now)
         print(f"\n{threads_now} thread(s)")
         rows = []
         for name in algorithms:
-            t = timed(name, shapes, args.rounds, args.compiled)
+            t = timed(name, shapes, args.device, args.rounds, args.compiled)
             eager = min((k for k in t if k.startswith("torch") and k != "torch compiled"), key=t.get)
             ms = lambda seconds: f"{seconds * 1e3:.1f}"  # noqa: E731
             row = [
@@ -195,6 +206,8 @@ def main() -> None:
             ]  # fmt: skip
             if args.compiled:
                 row += [ms(t["torch compiled"]), f"**{t['fused'] / t['torch compiled']:.2f}x**"]
+            if "funcopt compiled" in t:
+                row += [ms(t["funcopt compiled"]), f"**{t['funcopt compiled'] / t['torch compiled']:.2f}x**"]
             rows.append(row)
             print("  ".join(cell.replace("**", "") for cell in row), flush=True)
         header = [
@@ -207,6 +220,8 @@ def main() -> None:
         ]
         if args.compiled:
             header += ["torch.compile'd torch step ms", "fused / it"]
+        if args.compiled and args.device != "cpu":
+            header += ["torch.compile'd funcopt step ms", "it / torch's"]
         tables.append(f"{threads_now} thread(s):\n\n" + markdown_table(header, rows))
     torch.set_num_threads(threads)
     print("targets: fused / floor <= 1.15x; fused / torch.compile'd torch step <= 1.0x")
@@ -228,7 +243,7 @@ def main() -> None:
             f"{len(shapes)} float32 tensors, {numel / 1e6:.1f}M elements; medians of {args.rounds} interleaved "
             "rounds. Floor: a compiled kernel per param that reads and writes the step's tensors (see the script)."
         )
-        write_table(args.write_table, "\n".join(tables), "cpu", note)
+        write_table(args.write_table, "\n".join(tables), args.device, note)
 
 
 if __name__ == "__main__":

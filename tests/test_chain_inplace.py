@@ -134,11 +134,13 @@ CASES: dict[str, tuple[Any, dict[str, Any]]] = {
 }
 
 
-def make_params(dtype: torch.dtype = torch.float32, seed: int = 0) -> list[torch.nn.Parameter]:
+def make_params(
+    dtype: torch.dtype = torch.float32, seed: int = 0, device: str = "cpu"
+) -> list[torch.nn.Parameter]:
     g = torch.Generator().manual_seed(seed)
     params = [torch.randn(s, generator=g, dtype=dtype) for s in SHAPES]
     params.append(torch.randn(30, 20, generator=g, dtype=dtype).t())  # not contiguous
-    return [torch.nn.Parameter(p) for p in params]
+    return [torch.nn.Parameter(p.to(device)) for p in params]
 
 
 def copies(params: list[torch.Tensor]) -> list[torch.nn.Parameter]:
@@ -148,7 +150,7 @@ def copies(params: list[torch.Tensor]) -> list[torch.nn.Parameter]:
 def set_grads(params: list[torch.Tensor], step: int, without: tuple[int, ...] = ()) -> None:
     g = torch.Generator().manual_seed(100 + step)
     for i, p in enumerate(params):
-        grad = torch.randn(p.shape, generator=g, dtype=p.dtype)
+        grad = torch.randn(p.shape, generator=g, dtype=p.dtype).to(p.device)
         p.grad = None if i in without else grad
 
 
@@ -179,9 +181,9 @@ def fast_path_only() -> Iterator[None]:
 
 
 def both_ways(factory: Any, hp: dict[str, Any], steps: int = 4, dtype: torch.dtype = torch.float32,
-              without: tuple[int, ...] = (), groups: Any = None) -> tuple[Any, Any]:  # fmt: skip
+              without: tuple[int, ...] = (), groups: Any = None, device: str = "cpu") -> tuple[Any, Any]:  # fmt: skip
     """The fast and the pure optimizer after the same steps: ``((params, optimizer), ...)``."""
-    fast_params = make_params(dtype)
+    fast_params = make_params(dtype, device=device)
     pure_params = copies(fast_params)
     arrange = groups or (lambda ps: ps)
     fast = fo.Optimizer(arrange(fast_params), factory, **hp)
@@ -254,6 +256,16 @@ def test_lists_of_tensors(case, monkeypatch):
     factory, hp = CASES[case]
     fast, pure = both_ways(factory, hp)
     assert_same_runs(fast, pure)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", CASES)
+def test_on_cuda(case, dtype):
+    """On a GPU the in-place chain runs foreach ops (CUDA's multi-tensor kernels)."""
+    factory, hp = CASES[case]
+    fast, pure = both_ways(factory, hp, steps=3, dtype=dtype, device="cuda")
+    assert_same_runs(fast, pure, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=str)
