@@ -198,12 +198,12 @@ def both_ways(factory: Any, hp: dict[str, Any], steps: int = 4, dtype: torch.dty
     return (fast_params, fast), (pure_params, pure)
 
 
-def assert_same_runs(fast: Any, pure: Any, dtype: torch.dtype = torch.float32) -> None:
-    """The params and the state_dicts (slots, dtypes, values, counts) bit for bit."""
+def assert_same_runs(fast: Any, pure: Any, dtype: torch.dtype = torch.float32, tol: Any = EXACT) -> None:
+    """The params and the state_dicts (slots, dtypes, values, counts), bit for bit by default."""
     (fast_params, fast_opt), (pure_params, pure_opt) = fast, pure
     assert all(p.dtype == dtype for p in fast_params if p.ndim == 1)  # the groups test mixes dtypes
-    assert_same([p.detach() for p in fast_params], [p.detach() for p in pure_params], **EXACT)
-    assert_same(fast_opt.state_dict()["state"], pure_opt.state_dict()["state"], **EXACT)
+    assert_same([p.detach() for p in fast_params], [p.detach() for p in pure_params], **tol)
+    assert_same(fast_opt.state_dict()["state"], pure_opt.state_dict()["state"], **tol)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -262,10 +262,13 @@ def test_lists_of_tensors(case, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", CASES)
 def test_on_cuda(case, dtype):
-    """On a GPU the in-place chain runs foreach ops (CUDA's multi-tensor kernels)."""
+    """On a GPU the in-place chain runs foreach ops (CUDA's multi-tensor kernels). These
+    contract a multiply and an add into one rounding where the per-tensor kernels of the
+    pure path may not: float32 results differ in the last bit or two (seen on an H100, torch
+    2.11), bfloat16 ones did not."""
     factory, hp = CASES[case]
     fast, pure = both_ways(factory, hp, steps=3, dtype=dtype, device="cuda")
-    assert_same_runs(fast, pure, dtype)
+    assert_same_runs(fast, pure, dtype, EXACT if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-6})
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=str)

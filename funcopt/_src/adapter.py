@@ -640,8 +640,7 @@ def _step_in_place(
     # what a group shares: the counters' values and dtypes (torch updates a counter in its
     # dtype), the param's dtype, and which buffers are absent
     values = rows(
-        [[c.item() for c in column] for column in counters]
-        + [[c.dtype for c in column] for column in counters],
+        [_counter_values(column) for column in counters] + [[c.dtype for c in column] for column in counters],
         len(params),
     )
     absent = rows([[b is None for b in column] for column in buffer_columns], len(params))
@@ -695,9 +694,18 @@ def _step_in_place(
             inplace.step_dense(algorithm, coefficients, hyperparams, plain[0], plain[1], by_buffer)
     for tensors, new_values in written:
         for column, value in zip(tensors, new_values):
-            torch._foreach_copy_(
-                column, [torch.tensor(value, dtype=torch.float64, device="cpu")] * len(column)
-            )
+            # made where the counters live (a group's are alike in dtype): no copy from the host
+            source = torch.full((), value, dtype=column[0].dtype, device=column[0].device)
+            torch._foreach_copy_(column, [source] * len(column))
+
+
+def _counter_values(column: list[Tensor]) -> list[Any]:
+    """The counters' values as Python numbers. Counters on a GPU (``fused``, ASGD's) are
+    read in one transfer: each ``.item()`` waits for the device (160 params: 3 ms)."""
+    first = column[0]
+    if first.is_cpu or any([c.device != first.device or c.dtype != first.dtype for c in column]):
+        return [c.item() for c in column]
+    return torch.stack(column).tolist()
 
 
 def _check_all_shapes(
