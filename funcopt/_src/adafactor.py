@@ -131,6 +131,18 @@ def _check_buffers(
     """Raise if the buffers are not those `init` makes for a param shaped like `g`: the
     state was made for other params (the engine checks only buffers shaped like their
     param), where broadcasting would give the state and the update another shape."""
+    # as usual (checked per param, at every step: cheaply)
+    if g.dim() > 1:
+        if (
+            variance is None
+            and row_var is not None
+            and col_var is not None
+            and row_var.shape == (*g.shape[:-1], 1)
+            and col_var.shape == (*g.shape[:-2], 1, g.shape[-1])
+        ):
+            return
+    elif row_var is None and col_var is None and variance is not None and variance.shape == g.shape:
+        return
     if g.dim() > 1:
         expected = {
             "row_var": (*g.shape[:-1], 1),
@@ -177,7 +189,10 @@ def _elementwise(
         eps1 = torch.finfo(p.dtype).eps
     if maximize:
         g = o.neg(g)
-    alpha = _max(eps2, o.item(p.norm(2)) / p.numel() ** 0.5) * rho  # from the param before its decay
+    # (torch's p.norm(2) is this norm, behind a layer of Python)
+    alpha = (
+        _max(eps2, o.item(torch.linalg.vector_norm(p)) / p.numel() ** 0.5) * rho
+    )  # the param before its decay
     if nonzero(weight_decay):
         out = o.decay_(out, p, decay)
     if g.dim() > 1:
@@ -191,7 +206,7 @@ def _elementwise(
         variance = o.lerp_(variance, g * g, one_minus_beta2)
         estimate = variance
     update = _clamp_min(estimate, eps1 * eps1).rsqrt().mul(g)
-    denom = _max(1.0, o.item(update.norm(2)) / (update.numel() ** 0.5 * d))
+    denom = _max(1.0, o.item(torch.linalg.vector_norm(update)) / (update.numel() ** 0.5 * d))
     out = o.add_(out, update, alpha=-alpha / denom)
     return out, (row_var, col_var, variance)
 
