@@ -57,7 +57,7 @@ def train(
     for _ in range(steps):
         for p in params:
             transposed = not p.is_contiguous()
-            g = torch.randn(p.t().shape if transposed else p.shape, generator=gen)
+            g = torch.randn(p.t().shape if transposed else p.shape, generator=gen).to(p.dtype)
             p.grad = g.t() if transposed else g
         opt.step()
         scheduler.step()
@@ -98,6 +98,22 @@ def test_fused_steps_as_unfused(name):
     assert all(s.dtype == torch.float32 for s in steps)
     assert_same(ours, ref)
     assert_same(counters_float64(without_fused(ours_sd)), counters_float64(without_fused(ref_sd)))
+
+
+@pytest.mark.parametrize("name", ["Adam", "Adagrad", "RMSprop", "SGD"])
+def test_fused_steps_in_bfloat16(name):
+    """In bfloat16 the kernels compute in float32 and round once per stored tensor (as
+    torch's fused kernels do), where the default step rounds after every op: both stay
+    within bfloat16's rounding of the same steps run in float32."""
+    runs = []
+    for dtype, flags in ((torch.bfloat16, {"fused": True}), (torch.bfloat16, {}), (torch.float32, {})):
+        params = [torch.nn.Parameter(p.detach().to(torch.bfloat16).to(dtype)) for p in make_params(name)]
+        train(fo_cls(name)(params, **kwargs_of(HYPER[name]), **flags), params)
+        assert all(p.dtype == dtype for p in params)
+        runs.append([p.detach().float() for p in params])
+    fused_run, default_run, exact = runs
+    assert_same(fused_run, exact, rtol=2**-6, atol=2**-6)  # two ulps near 1
+    assert_same(default_run, exact, rtol=2**-6, atol=2**-6)
 
 
 @pytest.mark.parametrize("name", TORCH_FUSED)
