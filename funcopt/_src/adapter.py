@@ -473,10 +473,12 @@ class Optimizer(torch.optim.Optimizer):
                     saved[name] = shared.setdefault(name, value)
 
     def _step_group(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> None:
-        # a param with no state yet gets a dict of its own, kept if the step fills it
-        state = self.state
-        # (an optimizer that keeps no state, SGD without momentum, looks up no param)
-        states = [state[p] if p in state else {} for p in params] if state else [{} for _ in params]
+        # a param with no state yet gets a dict of its own, kept if the step fills it (an
+        # optimizer that keeps no state, SGD without momentum, looks up no param)
+        states: list[Any] = list(map(self.state.get, params)) if self.state else [None] * len(params)
+        fresh = [i for i, s in enumerate(states) if s is None] if None in states else []
+        for i in fresh:
+            states[i] = {}
         if group.get("fused"):
             _check_fused(params, grads)
         if group.get("capturable") and not torch.compiler.is_compiling():
@@ -509,9 +511,9 @@ class Optimizer(torch.optim.Optimizer):
                 raise converted from error
         else:
             _step_pure(algorithm, hyperparams, params, grads, states, bool(group.get("capturable")))
-        for p, state in zip(params, states):
-            if state and p not in self.state:  # created by the step (SGD's momentum_buffer)
-                self.state[p] = state
+        for i in fresh:
+            if states[i]:  # created by the step (SGD's momentum_buffer)
+                self.state[params[i]] = states[i]
 
     def _step_functional(
         self,
@@ -631,8 +633,12 @@ def _step_in_place(
         algorithm.check_sparse_grad(hyperparams)
     _check_all_shapes(algorithm, params, grads, buffer_columns)
     dtypes = list(map(_DTYPE, params))
+    # which buffers are absent, per buffer: all of them (SGD's without momentum), none, or some
+    absent = [[b is None for b in column] for column in buffer_columns]
     if not tried and not all(
-        [d if b is None else b.dtype for b, d in zip(column, dtypes)] == dtypes for column in buffer_columns
+        [d if b is None else b.dtype for b, d in zip(column, dtypes)] == dtypes
+        for column, nones in zip(buffer_columns, absent)
+        if not nones[0] or not all(nones)
     ):
         # the model was converted after its state was made: where the math then fails
         # (torch's Adamax does; its Adagrad steps on), it fails on copies first, changing nothing
@@ -640,17 +646,15 @@ def _step_in_place(
         _step_in_place(algorithm, given, [p.clone() for p in params], grads, copies, tried=True, dense=dense)
     # what a group shares: the counters' values and dtypes (torch updates a counter in its
     # dtype), the param's dtype, and which buffers are absent
-    values = rows(
-        [_counter_values(column) for column in counters] + [[c.dtype for c in column] for column in counters],
-        len(params),
-    )
-    absent = rows([[b is None for b in column] for column in buffer_columns], len(params))
-    keys = list(zip(values, dtypes, absent))
+    shared = [_counter_values(column) for column in counters]
+    shared += [[c.dtype for c in column] for column in counters]
+    n = len(params)
     groups: dict[Any, list[int]] = {}
-    if keys.count(keys[0]) == len(keys):  # one group, as usual: no loop
-        groups[keys[0]] = list(range(len(keys)))
+    if all(column.count(column[0]) == n for column in (*shared, dtypes, *absent)):  # one group, as usual
+        key = (tuple(column[0] for column in shared), dtypes[0], tuple(nones[0] for nones in absent))
+        groups[key] = list(range(n))
     else:
-        for i, key in enumerate(keys):
+        for i, key in enumerate(zip(rows(shared, n), dtypes, rows(absent, n))):
             groups.setdefault(key, []).append(i)
     creating = algorithm.creating(hyperparams)
     sharded = any(issubclass(t, DTensor) for t in set(map(type, params)))
