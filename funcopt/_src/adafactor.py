@@ -189,10 +189,8 @@ def _elementwise(
         eps1 = torch.finfo(p.dtype).eps
     if maximize:
         g = o.neg(g)
-    # (torch's p.norm(2) is this norm, behind a layer of Python)
-    alpha = (
-        _max(eps2, o.item(torch.linalg.vector_norm(p)) / p.numel() ** 0.5) * rho
-    )  # the param before its decay
+    # of the param before its decay (torch's p.norm(2) is this norm, behind a layer of Python)
+    alpha = _max(eps2, o.item(torch.linalg.vector_norm(p)) / p.numel() ** 0.5) * rho
     if nonzero(weight_decay):
         out = o.decay_(out, p, decay)
     if g.dim() > 1:

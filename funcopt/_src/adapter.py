@@ -631,14 +631,13 @@ def _step_in_place(
     sparse = any(map(_IS_SPARSE, grads))
     if sparse:
         algorithm.check_sparse_grad(hyperparams)
-    _check_all_shapes(algorithm, params, grads, buffer_columns)
-    dtypes = list(map(_DTYPE, params))
     # which buffers are absent, per buffer: all of them (SGD's without momentum), none, or some
     absent = [[b is None for b in column] for column in buffer_columns]
+    present = [column for column, nones in zip(buffer_columns, absent) if not all(nones)]
+    _check_all_shapes(algorithm, params, grads, buffer_columns, present)
+    dtypes = list(map(_DTYPE, params))
     if not tried and not all(
-        [d if b is None else b.dtype for b, d in zip(column, dtypes)] == dtypes
-        for column, nones in zip(buffer_columns, absent)
-        if not nones[0] or not all(nones)
+        [d if b is None else b.dtype for b, d in zip(column, dtypes)] == dtypes for column in present
     ):
         # the model was converted after its state was made: where the math then fails
         # (torch's Adamax does; its Adagrad steps on), it fails on copies first, changing nothing
@@ -715,17 +714,20 @@ def _counter_values(column: list[Tensor]) -> list[Any]:
 
 
 def _check_all_shapes(
-    algorithm: Algorithm, params: list[Tensor], grads: list[Tensor], buffer_columns: list[list[Any]]
+    algorithm: Algorithm,
+    params: list[Tensor],
+    grads: list[Tensor],
+    buffer_columns: list[list[Any]],
+    present: list[list[Any]],
 ) -> None:
     """`_check_shapes` for every param: compared as lists first (per-param calls cost
-    more, with hundreds of tiny params), then param by param for the error."""
+    more, with hundreds of tiny params), then param by param for the error. `present`
+    holds the columns of the buffers that some param has (SGD without momentum: none)."""
     shapes = [p.shape for p in params]
     same = [g.shape for g in grads] == shapes
     if same and algorithm.buffers_like_param:
         same = all(
-            [s if b is None else b.shape for b, s in zip(column, shapes)] == shapes
-            for column in buffer_columns
-            if any([b is not None for b in column])  # (a buffer absent from all: SGD's, without momentum)
+            [s if b is None else b.shape for b, s in zip(column, shapes)] == shapes for column in present
         )
     if not same:
         for i, (p, g) in enumerate(zip(params, grads)):
