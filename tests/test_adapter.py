@@ -1077,3 +1077,25 @@ def test_optimizer_built_in_a_compiled_frame_steps():
     torch_opt.step()
     torch.testing.assert_close(p.data, reference.data)
     torch.testing.assert_close(q.data, reference.data)
+
+
+def test_compiled_chain_step_warns_nothing_and_steps_as_eager():
+    """``torch.compile(opt.step)`` of an `fo.Optimizer` over a chain (its pure update,
+    written back) raises no warning from dynamo, as torch's classes compile, and steps
+    as the eager optimizer does."""
+    factory = lambda lr: fo.chain(fo.scale_by_adam(), fo.scale_by_learning_rate(lr))  # noqa: E731
+    torch._dynamo.reset()
+    results = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        opt = fo.Optimizer(model.parameters(), factory, lr=0.01)
+        step = torch.compile(opt.step) if compiled else opt.step
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for _ in range(3):
+                opt.zero_grad()
+                model(torch.randn(3, 4)).sum().backward()
+                step()
+        results.append([p.detach() for p in model.parameters()])
+    torch.testing.assert_close(results[1], results[0])

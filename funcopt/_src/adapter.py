@@ -25,7 +25,6 @@ torch.compile runs eagerly while it traces (as it does for torch.optim's classes
 
 from __future__ import annotations
 
-import functools
 import inspect
 import operator
 import os
@@ -867,9 +866,9 @@ def _slots(state: Any) -> tuple[list[tuple[str, bool, Any]], optree.PyTreeSpec]:
     return out, treedef
 
 
-@functools.cache
 def _keys(n: int) -> list[str]:
-    """The keys of a group's first `n` params, as the transformation sees them."""
+    """The keys of a group's first `n` params, as the transformation sees them. (Not
+    cached: dynamo warns where a compiled step calls an ``lru_cache``-wrapped function.)"""
     return [str(i) for i in range(n)]
 
 
