@@ -29,6 +29,7 @@ from torch.func import grad, jvp, vjp, vmap
 import funcopt as fo
 from funcopt._src import algorithm as fo_algorithm
 from funcopt._src import base as fo_base
+from funcopt._src import inplace
 
 F64 = torch.float64
 STEPS = 3
@@ -379,8 +380,8 @@ def test_autograd_groups_small_tensors_like_one_by_one(name, monkeypatch):
     grouped = run()
     assert one_by_one == [(130, 130)] * STEPS
     assert not grouped[0]["frozen"].requires_grad and grouped[0]["one"].requires_grad
-    for module in (fo_base, fo_algorithm):
-        monkeypatch.setattr(module, "grouped_under_autograd", lambda t: False)
+    monkeypatch.setattr(fo_base, "grouped_under_autograd", lambda t: False)  # apply_updates
+    monkeypatch.setattr(inplace, "SMALL", -1)  # the update (inplace.plan)
     assert_same(grouped, run(), rtol=0, atol=0)
 
 

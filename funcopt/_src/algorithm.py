@@ -45,7 +45,7 @@ import numbers
 import operator
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -62,7 +62,6 @@ from .base import (
     as_real,
     dtype_name,
     flatten_together,
-    grouped_under_autograd,
     readable,
     real_dtype,
     records,
@@ -419,13 +418,14 @@ class Algorithm:
         `written_back` says that the caller writes the results into the params and the
         state in place (the adapters' pure step).
 
-        In plain eager mode the new tensors are computed in place, in fresh memory, small
-        ones in groups (`inplace.fresh_in_lists`). Where autograd records (a MAML inner
-        loop) but nothing else traces, small tensors run in groups through `PureForEach`
-        (`grouped_under_autograd`), the others through `Pure` ops one by one. A step
-        that is `written_back` takes no foreach op under autograd: torch's foreach ops
-        save their inputs for the backward pass, which writing them in place would
-        break (torch's differentiable optimizers use no foreach either).
+        Leaves whose coefficients are numbers, where nothing but autograd traces, run in
+        groups the way `inplace.plan` says: in plain eager mode (`inplace.FRESH`) the new
+        tensors are computed in place, in fresh memory, small ones with foreach ops; where
+        autograd records (a MAML inner loop; `inplace.RECORDED`), small ones through
+        `PureForEach` ops, the others through `Pure` ops one by one, and a step that is
+        `written_back` takes no foreach op (`inplace.WRITTEN_BACK`). Any other leaf (traced,
+        batched, with tensor coefficients, sparse, or whose math looks across elements)
+        steps by itself with the `Pure` ops.
         """
         traceable = traceable or tracer_active()  # a property of the call, not of a tensor
         lists_ok = not traceable and untraced(hyperparams, g_leaves, p_leaves, *columns)
@@ -442,8 +442,15 @@ class Algorithm:
         last: tuple[tuple[Any, ...], Any, bool] | None = None
         by_value: dict[Any, Any] = {}  # readable counters' values -> their schedule
         creating = self.creating(hyperparams)
-        lists: dict[Any, tuple[Any, list[int], list[list[Any]]]] = {}  # groups of leaves, by coefficients
+        groups: dict[Any, tuple[Any, list[int]]] = {}  # coefficients and leaves, by what they share
         updates: list[Tensor | None] = []
+
+        def keep(i: int, out: Tensor, results: Sequence[Tensor | None]) -> None:
+            """Leaf i's update and new buffers."""
+            updates[i] = out
+            for column, value in zip(new_columns[k:], results):
+                column[i] = MaskedNode() if value is None else value
+
         for i, (p, g, counters, buffers, absent) in enumerate(
             zip(p_leaves, g_leaves, counter_rows, buffer_rows, absent_rows)
         ):
@@ -479,51 +486,52 @@ class Algorithm:
             for t in (p, *(buffers if self.buffers_like_param else ())):
                 if t is not None and (t.shape != shape or t.dtype != dtype):
                     raise self._mismatch_error(i, p, g, buffers)
-            # a param with a buffer to create, or whose math looks across elements, steps by itself
-            alone = not self.per_element or creating(buffers)
+            # a param with a buffer to create, or whose math looks across elements, steps by
+            # itself with the `Pure` ops; so does any param where lists cannot serve
+            updates.append(None)
+            if not lists_ok or not numeric or sparse or not self.per_element or creating(buffers):
+                keep(i, *self._pure_step(p, g, buffers, coefficients, hyperparams))
+                continue
             # Without params the math never reads p: only weight decay does, and `update`
             # refuses it without params. The in-place paths then take p as None.
             like = g if p is None else p  # what the update is shaped and typed like
-            if not lists_ok or not numeric or sparse or alone:
-                in_lists = False
-            elif eager:
-                in_lists = inplace.fresh_in_lists(like)
-            else:  # autograd records
-                in_lists = grouped_under_autograd(like) and not written_back
-            if in_lists:  # the group's math runs with foreach ops after this loop
-                # those that record apart: all a foreach op's outputs record if one does
-                key = (
-                    id(coefficients),
-                    like.dtype,
-                    like.device,
-                    p is None,
-                    absent,
-                    not eager and records((p, g), buffers),
-                )
-                entry = lists.get(key)
-                if entry is None:  # the value keeps the coefficients (the key's id) alive
-                    entry = lists[key] = (coefficients, [], [[] for _ in range(2 + len(buffers))])
-                entry[1].append(i)
-                for column, t in zip(entry[2], (p, g, *buffers)):
-                    column.append(t)
-                updates.append(None)
-                continue
-            if eager and numeric and not sparse and not alone and inplace.blockable(p, *buffers):
-                out, results = inplace.fresh_step(self, coefficients, hyperparams, p, g, buffers)
-            else:
-                out, results = self._pure_step(p, g, buffers, coefficients, hyperparams)
-            updates.append(out)
-            for column, value in zip(new_columns[k:], results):
-                column[i] = MaskedNode() if value is None else value
-        for coefficients, indices, group in lists.values():
-            if eager:
-                outs, new_buffers = inplace.fresh_lists(self, coefficients, hyperparams, group)
-            else:
-                outs, new_buffers = self._pure_lists(coefficients, hyperparams, group)
-            for j, i in enumerate(indices):
-                updates[i] = outs[j]
-                for column, values in zip(new_columns[k:], new_buffers):
-                    column[i] = MaskedNode() if values is None else values[j]
+            # the others in groups that `inplace.plan` runs, by what their math shares (and
+            # those that record apart: all a foreach op's outputs record if one does)
+            key = (id(coefficients), like.dtype, like.device, p is None, absent,
+                   not eager and records((p, g), buffers))  # fmt: skip
+            entry = groups.get(key)
+            if entry is None:  # the value keeps the coefficients (the key's id) alive
+                entry = groups[key] = (coefficients, [])
+            entry[1].append(i)
+        face = inplace.FRESH if eager else inplace.WRITTEN_BACK if written_back else inplace.RECORDED
+        gs = cast(Sequence[Tensor], g_leaves)  # (a grouped leaf has a gradient)
+        for coefficients, indices in groups.values():
+            every = len(indices) == n  # all the leaves, as usual: no copies of the lists
+            likes = [gs[i] if (p := p_leaves[i]) is None else p for i in indices]
+            members = buffer_columns if every else [[column[i] for i in indices] for column in buffer_columns]
+            for route, chosen in inplace.plan(likes, members, face).items():
+                picked = indices if len(chosen) == len(indices) else [indices[c] for c in chosen]
+                if route == inplace.LISTS:
+                    group: Sequence[Sequence[Any]] = (
+                        (p_leaves, gs, *buffer_columns)
+                        if len(picked) == n
+                        else [[c[i] for i in picked] for c in (p_leaves, gs, *buffer_columns)]
+                    )
+                    if eager:
+                        outs, new_buffers = inplace.fresh_lists(self, coefficients, hyperparams, group)
+                    else:
+                        outs, new_buffers = self._pure_lists(coefficients, hyperparams, group)
+                    for j, i in enumerate(picked):
+                        updates[i] = outs[j]
+                        for column, values in zip(new_columns[k:], new_buffers):
+                            column[i] = MaskedNode() if values is None else values[j]
+                    continue
+                for i in picked:  # by itself: in fresh memory, block by block, or with `Pure` ops
+                    p, g, buffers = p_leaves[i], gs[i], buffer_rows[i]
+                    if route == inplace.BLOCKS:
+                        keep(i, *inplace.fresh_step(self, coefficients, hyperparams, p, g, buffers))
+                    else:
+                        keep(i, *self._pure_step(p, g, buffers, coefficients, hyperparams))
         return updates, new_columns
 
     def creating(self, hyperparams: Hyperparams) -> Callable[[Sequence[Tensor | None]], bool]:
@@ -645,7 +653,7 @@ class Algorithm:
         return as_complex(out), [as_complex(b) for b in new]
 
     def _pure_lists(
-        self, coefficients: tuple[Any, ...], hyperparams: Hyperparams, columns: Sequence[list[Any]]
+        self, coefficients: tuple[Any, ...], hyperparams: Hyperparams, columns: Sequence[Sequence[Any]]
     ) -> tuple[list[Any], list[Any]]:
         """`_pure_step` for a group of params of one dtype, with `PureForEach` ops.
         `columns` holds the params (all None for an update without params), their

@@ -204,7 +204,7 @@ def records(*leaf_lists: Sequence[Any]) -> bool:
 SMALL = 1 << 14
 """Elements in a small tensor, whose step costs its ops' per-call overhead more than its
 memory traffic: the functional update steps small tensors in groups, with foreach ops
-(see `grouped_under_autograd` and ``inplace.fresh_in_lists``)."""
+(see ``inplace.plan``), and so does `apply_updates` (see `grouped_under_autograd`)."""
 
 
 def grouped_under_autograd(t: Tensor) -> bool:

@@ -1,9 +1,9 @@
-"""Running an algorithm's elementwise math in place, fast: on segments on the CPU,
-on lists of tensors elsewhere.
-
-Used by the torch.optim adapters (which update params and state in place) and by the
-functional update in plain eager mode (which computes its new tensors in place, in
-fresh memory, so that its inputs are only read).
+"""Running an algorithm's elementwise math fast: on segments on the CPU, on lists of
+tensors elsewhere. One planner (`plan`) says how each param of a group runs, for each
+face: the torch.optim adapters (which update params and state in place), the functional
+update in plain eager mode (which computes its new tensors in place, in fresh memory, so
+that its inputs are only read), and the functional update where autograd records. The
+executors below serve them all.
 
 On the CPU the math runs on segments: several tiny tensors concatenated (`Chunks` of
 `CHUNK` elements: per-tensor Python overhead dominates tiny tensors), or flat blocks of
@@ -51,11 +51,92 @@ def use_lists(device: torch.device) -> bool:
     return device != _CPU  # faster than reading device.type, per param
 
 
-def fresh_in_lists(t: Tensor) -> bool:
-    """Whether the functional path steps `t` with its group through `ForEach` ops
-    (`fresh_lists`) rather than by itself (`fresh_step`): where `use_lists` says so, and
-    for small CPU tensors, where the per-op overhead is what counts."""
-    return use_lists(t.device) or t.numel() <= SMALL
+# How a param's math runs (`plan`), and the faces that run it
+LISTS = "lists"
+"""With its group, one ``torch._foreach_*`` call per op (`run_lists`, `fresh_lists`, or
+the `PureForEach` ops where autograd records)."""
+VECTORS = "vectors"
+"""In place, a 1-d CPU param of at most `TINY` elements, with the others in bulk, in
+chunks of their concatenation (`Chunks.add_vectors`)."""
+CHUNKS = "chunks"
+"""In place, another CPU param of at most `TINY` elements, in a chunk of params of its
+trailing shape (`Chunks.add`)."""
+BLOCKS = "blocks"
+"""By itself, in blocks of `SEGMENT` elements of its flat views (`run_blocks`; in fresh
+memory, `fresh_step`)."""
+WHOLE = "whole"
+"""By itself, whole: in place (`run`), else with the `Pure` ops (new tensors)."""
+
+IN_PLACE = "in place"
+"""The adapters' step: params and buffers updated in place."""
+FRESH = "fresh"
+"""The functional update in plain eager mode: new tensors, computed in place in fresh memory."""
+RECORDED = "recorded"
+"""The functional update where autograd records (a MAML inner loop): out-of-place ops."""
+WRITTEN_BACK = "written back"
+"""`RECORDED`, its results then written into the params and state (the adapters' pure
+step): no foreach op, whose saved inputs the writes would overwrite (torch's
+differentiable optimizers take none either)."""
+
+
+def plan(likes: Sequence[Tensor], buffers: Sequence[Sequence[Any]], face: str) -> dict[str, list[int]]:
+    """How each param of a group runs its math, for each face the same rules: the
+    indices of the params that take each way (`LISTS`, `VECTORS`, `CHUNKS`, `BLOCKS`,
+    `WHOLE`). The params share their schedule and dtype, and which buffers
+    they have (and, but in place, their device); `likes` are the params (the gradients,
+    for an update without params), `buffers` each buffer's column (Nones where absent).
+
+    - Off the CPU, what counts is the number of kernel launches: `LISTS` (but where
+      autograd records, as on the CPU).
+    - In place without buffers (SGD without momentum) the math is an op or two, with
+      nothing to keep in the cache: `LISTS`, as torch's foreach step.
+    - Small CPU tensors cost their ops' per-call overhead more than their memory
+      traffic: in place, up to `TINY` elements, concatenated into cache-sized chunks
+      (`VECTORS`, `CHUNKS`), whose results are copied back; fresh or recorded, up to
+      `SMALL` elements, with foreach ops (`LISTS`), which make the new tensors anyway.
+    - Larger contiguous tensors, in place or fresh: `BLOCKS`, whose passes stay in the
+      CPU cache. Where autograd records, per-tensor ops (`WHOLE`): torch's foreach ops
+      save every input for the backward pass, per-tensor ops only what they need.
+    - Anything else: `WHOLE`.
+    """
+    every = list(range(len(likes)))
+    if not every or face == WRITTEN_BACK:
+        return {WHOLE: every}
+    routes: dict[str, list[int]] = {}
+    if face == RECORDED:
+        for i, t in enumerate(likes):
+            routes.setdefault(LISTS if t.numel() <= SMALL else WHOLE, []).append(i)
+        return routes
+    if face == IN_PLACE and all(column[0] is None for column in buffers):
+        return {LISTS: every}
+    if face == FRESH:  # (a group on one device)
+        if use_lists(likes[0].device) or all([t.numel() <= SMALL for t in likes]):
+            return {LISTS: every}
+        for i, t in enumerate(likes):
+            if t.numel() <= SMALL:
+                route = LISTS
+            else:
+                route = BLOCKS if blockable(t, *(column[i] for column in buffers)) else WHOLE
+            routes.setdefault(route, []).append(i)
+        return routes
+    # in place (a group may span devices): the tiny 1-d CPU params found at once (there
+    # may be hundreds of biases and norms)
+    vector = [t.dim() == 1 and t.is_cpu and t.numel() <= TINY for t in likes]
+    if all(vector):
+        return {VECTORS: every}
+    for i, t in enumerate(likes):
+        if vector[i]:
+            route = VECTORS
+        elif use_lists(t.device):
+            route = LISTS
+        elif (numel := t.numel()) <= TINY:
+            route = CHUNKS
+        elif numel > SEGMENT and blockable(t, *(column[i] for column in buffers)):
+            route = BLOCKS
+        else:  # one segment: the whole param at once
+            route = WHOLE
+        routes.setdefault(route, []).append(i)
+    return routes
 
 
 def run(algorithm: Any, coefficients: Any, hyperparams: Any, out: Any, p: Any, g: Any,
@@ -232,44 +313,45 @@ class Chunks:
 
 def step_dense(algorithm: Any, coefficients: Any, hyperparams: Any, ps: Sequence[Tensor],
                gs: Sequence[Tensor], buffers: Sequence[Sequence[Any]]) -> None:  # fmt: skip
-    """Step params in place, each the fastest way: tiny vectors on the CPU (biases, norms,
-    the most numerous params) in bulk (`Chunks.add_vectors`), other small CPU params in
-    chunks, large ones in blocks, params elsewhere in groups with `ForEach` ops.
-
-    The params (real, dense, with per-element math) share their schedule and dtype;
-    `buffers` holds each buffer's column (Nones where absent from all). Without buffers
-    (SGD without momentum) the math is an op or two, with nothing to keep in the cache:
-    one foreach call per op for all the params, as torch's foreach step, costs least."""
-    if all(column[0] is None for column in buffers):
-        run_lists(algorithm, coefficients, hyperparams, [list(ps), list(gs), *map(list, buffers)])
-        return
-    vector = [p.dim() == 1 and p.is_cpu and p.numel() <= TINY for p in ps]
+    """Step params in place, each the way `plan` says (`IN_PLACE`). The params (real,
+    dense, with per-element math) share their schedule and dtype; `buffers` holds each
+    buffer's column (Nones where absent from all)."""
     chunks = Chunks(algorithm, hyperparams)
-    vectors = [i for i, v in enumerate(vector) if v]
-    if vectors:
-        chunks.add_vectors(coefficients, [ps[i] for i in vectors], [gs[i] for i in vectors],
-                           [[column[i] for i in vectors] for column in buffers])  # fmt: skip
-    if len(vectors) == len(ps):
-        return
-    lists: dict[torch.device, list[list[Tensor]]] = {}  # device -> columns
-    for i, (p, g) in enumerate(zip(ps, gs)):
-        if vector[i]:
-            continue
-        row = [column[i] for column in buffers]
-        device, numel = p.device, p.numel()  # read once: each read costs as much as a small op
-        if use_lists(device):
-            group = lists.setdefault(device, [[] for _ in range(2 + len(row))])
-            for column, t in zip(group, (p, g, *row)):
-                column.append(t)
-        elif numel <= TINY:
-            chunks.add(device, coefficients, p, g, row, numel)
-        elif numel > SEGMENT and blockable(p, *row):
-            run_blocks(algorithm, coefficients, hyperparams, p, p, g, row)
-        else:  # the whole param at once: one segment
-            run(algorithm, coefficients, hyperparams, p, p, g, row)
+    routes = plan(ps, buffers, IN_PLACE)
+    for route, indices in routes.items():
+        if len(indices) == len(ps):  # all of them, as usual: no copies of the lists
+            group = [list(ps), list(gs), *map(list, buffers)]
+        else:
+            group = [[column[i] for i in indices] for column in (ps, gs, *buffers)]
+        if route == VECTORS:
+            chunks.add_vectors(coefficients, group[0], group[1], group[2:])
+        elif route == LISTS:
+            for columns in _by_device(group):
+                run_lists(algorithm, coefficients, hyperparams, columns)
+        else:
+            for p, g, *row in zip(*group):
+                if route == CHUNKS:
+                    chunks.add(p.device, coefficients, p, g, row, p.numel())
+                elif route == BLOCKS:
+                    run_blocks(algorithm, coefficients, hyperparams, p, p, g, row)
+                else:
+                    run(algorithm, coefficients, hyperparams, p, p, g, row)
     chunks.run()
-    for columns in lists.values():
-        run_lists(algorithm, coefficients, hyperparams, columns)
+
+
+def _by_device(columns: list[list[Any]]) -> list[list[list[Any]]]:
+    """A group's columns (params, gradients, buffers) split by the params' device, for
+    foreach ops. Params without buffers (SGD without momentum) are taken together: their
+    devices are not read (a read costs about as much as a small op, with hundreds of
+    tiny params), and a foreach op steps a list across devices tensor by tensor."""
+    if all(column[0] is None for column in columns[2:]):
+        return [columns]
+    by_device: dict[torch.device, list[int]] = {}
+    for i, p in enumerate(columns[0]):
+        by_device.setdefault(p.device, []).append(i)
+    if len(by_device) == 1:
+        return [columns]
+    return [[[column[i] for i in indices] for column in columns] for indices in by_device.values()]
 
 
 def fresh_step(algorithm: Any, coefficients: Any, hyperparams: Any, p: Tensor | None, g: Tensor,
@@ -286,7 +368,7 @@ def fresh_step(algorithm: Any, coefficients: Any, hyperparams: Any, p: Tensor | 
     return update, new
 
 
-def fresh_lists(algorithm: Any, coefficients: Any, hyperparams: Any, columns: Sequence[list[Tensor]]
+def fresh_lists(algorithm: Any, coefficients: Any, hyperparams: Any, columns: Sequence[Sequence[Any]]
                 ) -> tuple[list[Tensor], list[list[Tensor]]]:  # fmt: skip
     """`fresh_step` for a group of params with `ForEach` ops: ``(updates, new buffers)``
     as new tensors, computed in place in fresh memory. `columns` holds the params (all
@@ -300,7 +382,7 @@ def fresh_lists(algorithm: Any, coefficients: Any, hyperparams: Any, columns: Se
     ]
     for targets, sources in zip(new, buffers):
         if targets is not None:
-            torch._foreach_copy_(targets, sources)
+            torch._foreach_copy_(targets, list(sources))
     run(
         algorithm,
         coefficients,

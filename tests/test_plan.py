@@ -1,0 +1,65 @@
+"""`inplace.plan`: one planner says how each param of a group runs its math, for the
+adapters' in-place step and the functional update alike (the executors' results are
+the same whichever way a param takes: the parity tests run every way)."""
+
+from __future__ import annotations
+
+import torch
+
+from funcopt._src import inplace
+from funcopt._src.inplace import (
+    BLOCKS,
+    CHUNKS,
+    FRESH,
+    IN_PLACE,
+    LISTS,
+    RECORDED,
+    VECTORS,
+    WHOLE,
+    WRITTEN_BACK,
+    plan,
+)
+
+TINY_VECTOR = torch.zeros(5)
+TINY_MATRIX = torch.zeros(3, 4)
+MEDIUM = torch.zeros(200, 200)  # above TINY and SMALL, one segment
+LARGE = torch.zeros(inplace.SEGMENT + 1)
+LARGE_T = torch.zeros(1000, inplace.SEGMENT // 1000 + 1).t()  # not contiguous
+
+
+def routes(tensors: list[torch.Tensor], face: str, with_buffers: bool = True) -> dict[str, list[int]]:
+    buffers = [[torch.zeros_like(t) for t in tensors]] if with_buffers else [[None] * len(tensors)]
+    return plan(tensors, buffers, face)
+
+
+def test_in_place_on_the_cpu():
+    tensors = [TINY_VECTOR, TINY_MATRIX, MEDIUM, LARGE, LARGE_T, TINY_VECTOR]
+    assert routes(tensors, IN_PLACE) == {VECTORS: [0, 5], CHUNKS: [1], WHOLE: [2, 4], BLOCKS: [3]}
+    assert routes([TINY_VECTOR] * 3, IN_PLACE) == {VECTORS: [0, 1, 2]}
+
+
+def test_in_place_without_buffers_takes_lists():
+    """SGD without momentum: one foreach call per op for all, as torch's foreach step."""
+    assert routes([TINY_VECTOR, LARGE], IN_PLACE, with_buffers=False) == {LISTS: [0, 1]}
+
+
+def test_off_the_cpu_takes_lists():
+    on_meta = [t.to("meta") for t in (TINY_VECTOR, LARGE)]
+    assert routes(on_meta, IN_PLACE) == {LISTS: [0, 1]}
+    assert routes(on_meta, FRESH) == {LISTS: [0, 1]}
+    mixed = routes([TINY_MATRIX, LARGE.to("meta")], IN_PLACE)  # a group in place may span devices
+    assert mixed == {CHUNKS: [0], LISTS: [1]}
+
+
+def test_fresh():
+    tensors = [TINY_VECTOR, TINY_MATRIX, MEDIUM, LARGE, LARGE_T]
+    assert routes(tensors, FRESH) == {LISTS: [0, 1], BLOCKS: [2, 3], WHOLE: [4]}
+
+
+def test_where_autograd_records():
+    """Small tensors in foreach groups; larger ones by themselves, whose per-tensor ops
+    save less for the backward pass; none in foreach groups where the results are
+    written back in place."""
+    tensors = [TINY_VECTOR, MEDIUM, TINY_MATRIX]
+    assert routes(tensors, RECORDED) == {LISTS: [0, 2], WHOLE: [1]}
+    assert routes(tensors, WRITTEN_BACK) == {WHOLE: [0, 1, 2]}
