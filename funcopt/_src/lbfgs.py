@@ -85,8 +85,9 @@ class _Eager:
 
     @staticmethod
     def number(x: Any) -> Any:
-        """A loss as torch reads it: a Python float."""
-        return float(x)
+        """A loss as torch reads it: a Python float (no graph to keep: detached first,
+        which spares the warning torch gives for a tensor that requires grad)."""
+        return float(x.detach()) if isinstance(x, Tensor) else float(x)
 
     @staticmethod
     def count(condition: Any) -> int:
