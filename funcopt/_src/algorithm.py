@@ -521,7 +521,7 @@ class Algorithm:
                         outs, new_buffers = inplace.fresh_lists(self, coefficients, hyperparams, group)
                     else:
                         outs, new_buffers = self._pure_lists(coefficients, hyperparams, group)
-                    for j, i in enumerate(picked):
+                    for j, i in enumerate(picked):  # (`keep`, inline: a call per leaf counts)
                         updates[i] = outs[j]
                         for column, values in zip(new_columns[k:], new_buffers):
                             column[i] = MaskedNode() if values is None else values[j]

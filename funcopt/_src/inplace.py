@@ -82,9 +82,9 @@ differentiable optimizers take none either)."""
 def plan(likes: Sequence[Tensor], buffers: Sequence[Sequence[Any]], face: str) -> dict[str, list[int]]:
     """How each param of a group runs its math, for each face the same rules: the
     indices of the params that take each way (`LISTS`, `VECTORS`, `CHUNKS`, `BLOCKS`,
-    `WHOLE`). The params share their schedule and dtype, and which buffers
-    they have (and, but in place, their device); `likes` are the params (the gradients,
-    for an update without params), `buffers` each buffer's column (Nones where absent).
+    `WHOLE`). The params share their schedule, their dtype, which buffers they have,
+    and, but in place, their device; `likes` are the params (the gradients, for an
+    update without params), `buffers` each buffer's column (Nones where absent).
 
     - Off the CPU, what counts is the number of kernel launches: `LISTS` (but where
       autograd records, as on the CPU).
