@@ -25,10 +25,14 @@ With ``--first-step`` it also times the first fused step (compiling its kernels)
 each algorithm in a new process, twice: with an empty inductor cache (cold), then in a
 second process with the cache the first one filled (warm; target: under 5 s).
 
+With ``--device cuda`` it times the same contenders on a GPU (where funcopt's
+``fused=True`` runs the adapter's foreach step, and torch's fused classes their CUDA
+kernels), and with ``--compiled`` also ``torch.compile`` of funcopt's own step.
+
 With ``--write-table PATH`` it writes the tables as Markdown, with a line naming the run.
 
     python benchmarks/fused_step.py [--rounds 10] [--algorithms Adam,NAdam] [--compiled]
-        [--first-step] [--threads 1] [--write-table docs/_generated/fused_step.md]
+        [--first-step] [--threads 1] [--device cuda] [--write-table docs/_generated/fused_step.md]
 """
 
 from __future__ import annotations
