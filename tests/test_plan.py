@@ -54,6 +54,8 @@ def test_off_the_cpu_takes_lists():
 def test_fresh():
     tensors = [TINY_VECTOR, TINY_MATRIX, MEDIUM, LARGE, LARGE_T]
     assert routes(tensors, FRESH) == {LISTS: [0, 1], BLOCKS: [2, 3], WHOLE: [4]}
+    # without buffers (SGD without momentum) the math is one pass: no blocks
+    assert routes(tensors, FRESH, with_buffers=False) == {LISTS: [0, 1], WHOLE: [2, 3, 4]}
 
 
 def test_where_autograd_records():

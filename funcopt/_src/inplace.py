@@ -95,8 +95,9 @@ def plan(likes: Sequence[Tensor], buffers: Sequence[Sequence[Any]], face: str) -
       (`VECTORS`, `CHUNKS`), whose results are copied back; fresh or recorded, up to
       `SMALL` elements, with foreach ops (`LISTS`), which make the new tensors anyway.
     - Larger contiguous tensors, in place or fresh: `BLOCKS`, whose passes stay in the
-      CPU cache. Where autograd records, per-tensor ops (`WHOLE`): torch's foreach ops
-      save every input for the backward pass, per-tensor ops only what they need.
+      CPU cache (fresh without buffers, the math is a pass or two: `WHOLE`). Where
+      autograd records, per-tensor ops (`WHOLE`): torch's foreach ops save every input
+      for the backward pass, per-tensor ops only what they need.
     - Anything else: `WHOLE`.
     """
     every = list(range(len(likes)))
@@ -112,11 +113,13 @@ def plan(likes: Sequence[Tensor], buffers: Sequence[Sequence[Any]], face: str) -
     if face == FRESH:  # (a group on one device)
         if use_lists(likes[0].device) or all([t.numel() <= SMALL for t in likes]):
             return {LISTS: every}
+        # without buffers (SGD without momentum) the math is a pass or two: blocks buy nothing
+        buffered = not all(column[0] is None for column in buffers)
         for i, t in enumerate(likes):
             if t.numel() <= SMALL:
                 route = LISTS
             else:
-                route = BLOCKS if blockable(t, *(column[i] for column in buffers)) else WHOLE
+                route = BLOCKS if buffered and blockable(t, *(column[i] for column in buffers)) else WHOLE
             routes.setdefault(route, []).append(i)
         return routes
     # in place (a group may span devices): the tiny 1-d CPU params found at once (there
