@@ -666,11 +666,8 @@ def _step_in_place(
         # by itself; so does a DTensor whose buffers are not all sharded as it is
         alone = not algorithm.per_element or creating([column[indices[0]] for column in buffer_columns])
         if not (alone or sparse or sharded or key[1].is_complex):  # as usual
-            if len(groups) == 1:  # all of them: no copies of the lists
-                dense(algorithm, coefficients, hyperparams, params, grads, buffer_columns)
-            else:
-                dense(algorithm, coefficients, hyperparams, [params[i] for i in indices],
-                      [grads[i] for i in indices], [[column[i] for i in indices] for column in buffer_columns])  # fmt: skip
+            ps, gs, *columns_picked = inplace.pick((params, grads, *buffer_columns), indices)
+            dense(algorithm, coefficients, hyperparams, ps, gs, columns_picked)
             continue
         # (a group with DTensors, complex or sparse gradients: no fused kernels)
         plain: tuple[list[Any], list[Any], list[Any]] = ([], [], [])  # params, grads, buffers

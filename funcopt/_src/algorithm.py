@@ -506,17 +506,12 @@ class Algorithm:
         face = inplace.FRESH if eager else inplace.WRITTEN_BACK if written_back else inplace.RECORDED
         gs = cast(Sequence[Tensor], g_leaves)  # (a grouped leaf has a gradient)
         for coefficients, indices in groups.values():
-            every = len(indices) == n  # all the leaves, as usual: no copies of the lists
             likes = [gs[i] if (p := p_leaves[i]) is None else p for i in indices]
-            members = buffer_columns if every else [[column[i] for i in indices] for column in buffer_columns]
+            members = inplace.pick(buffer_columns, indices)
             for route, chosen in inplace.plan(likes, members, face).items():
                 picked = indices if len(chosen) == len(indices) else [indices[c] for c in chosen]
                 if route == inplace.LISTS:
-                    group: Sequence[Sequence[Any]] = (
-                        (p_leaves, gs, *buffer_columns)
-                        if len(picked) == n
-                        else [[c[i] for i in picked] for c in (p_leaves, gs, *buffer_columns)]
-                    )
+                    group = inplace.pick((p_leaves, gs, *buffer_columns), picked)
                     if eager:
                         outs, new_buffers = inplace.fresh_lists(self, coefficients, hyperparams, group)
                     else:

@@ -322,10 +322,7 @@ def step_dense(algorithm: Any, coefficients: Any, hyperparams: Any, ps: Sequence
     chunks = Chunks(algorithm, hyperparams)
     routes = plan(ps, buffers, IN_PLACE)
     for route, indices in routes.items():
-        if len(indices) == len(ps):  # all of them, as usual: no copies of the lists
-            group = [list(ps), list(gs), *map(list, buffers)]
-        else:
-            group = [[column[i] for i in indices] for column in (ps, gs, *buffers)]
+        group = pick((ps, gs, *buffers), indices)
         if route == VECTORS:
             chunks.add_vectors(coefficients, group[0], group[1], group[2:])
         elif route == LISTS:
@@ -340,6 +337,14 @@ def step_dense(algorithm: Any, coefficients: Any, hyperparams: Any, ps: Sequence
                 else:
                     run(algorithm, coefficients, hyperparams, p, p, g, row)
     chunks.run()
+
+
+def pick(columns: Sequence[Sequence[Any]], indices: list[int]) -> list[list[Any]]:
+    """Each column's entries at `indices` (ascending, each once): where they are all of
+    them, as usual, the columns themselves (lists are not copied: hundreds of tiny params)."""
+    if columns and len(indices) == len(columns[0]):
+        return [column if isinstance(column, list) else list(column) for column in columns]
+    return [[column[i] for i in indices] for column in columns]
 
 
 def _by_device(columns: list[list[Any]]) -> list[list[list[Any]]]:
