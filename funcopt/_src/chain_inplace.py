@@ -194,6 +194,11 @@ class _Planner:
             self.blocks.append(_Block(math, (), ()))
         return isinstance(node, EmptyState)
 
+    def count_of(self, node: Any, state: type[Any]) -> Tensor | None:
+        """The group's count in `node`, a block's state of type `state` (None if `node` is
+        another, or its count is not the group's readable count), recording its new value."""
+        return self.count(node.count) if isinstance(node, state) else None
+
     def count(self, name: Any) -> Tensor | None:
         """The group's count at slot `name`, recording its new value."""
         if not isinstance(name, str) or self.per_param.get(name) is not False:
@@ -245,9 +250,7 @@ def _named_chain(planner: _Planner, node: Any, parts: Sequence[tuple[str, Gradie
 
 
 def _scheduled(planner: _Planner, node: Any, factory: Any, fixed: Any, schedules: Any) -> bool:
-    if not isinstance(node, ScheduledState):
-        return False
-    count = planner.count(node.count)
+    count = planner.count_of(node, ScheduledState)
     if count is None:
         return False
     # as `_scheduled_update`: the schedules at the count as a Python int
@@ -260,17 +263,13 @@ def _scale(planner: _Planner, node: Any, step_size: Any) -> bool:
 
 
 def _schedule(planner: _Planner, node: Any, step_size_fn: Any) -> bool:
-    if not isinstance(node, ScaleByScheduleState):
-        return False
-    count = planner.count(node.count)
+    count = planner.count_of(node, ScaleByScheduleState)
     return count is not None and planner.add(_scale_math, (), (step_size_fn(count),))
 
 
 def _decay(planner: _Planner, node: Any, weight_decay: Any) -> bool:
     if callable(weight_decay):
-        if not isinstance(node, WeightDecaySchedule):
-            return False
-        count = planner.count(node.count)
+        count = planner.count_of(node, WeightDecaySchedule)
         if count is None:
             return False
         weight_decay = weight_decay(count)
@@ -311,10 +310,7 @@ def _trace(planner: _Planner, node: Any, decay: Any, nesterov: bool, accumulator
 
 
 def _ema(planner: _Planner, node: Any, decay: Any, debias: bool, accumulator_dtype: Any) -> bool:
-    if accumulator_dtype is not None or not isinstance(node, EmaState):
-        return False
-    count = planner.count(node.count)
-    if count is None:
+    if accumulator_dtype is not None or (count := planner.count_of(node, EmaState)) is None:
         return False
     scalars = transforms._ema_scalars(decay, debias, _increment(count))
     return planner.add(functools.partial(transforms._ema_math, bool(debias)), (node.ema,), scalars)
@@ -323,10 +319,7 @@ def _ema(planner: _Planner, node: Any, decay: Any, debias: bool, accumulator_dty
 def _adam(
     planner: _Planner, node: Any, b1: Any, b2: Any, eps: Any, eps_root: Any, mu_dtype: Any, nesterov: bool
 ) -> bool:
-    if mu_dtype is not None or not isinstance(node, ScaleByAdamState):
-        return False
-    count = planner.count(node.count)
-    if count is None:
+    if mu_dtype is not None or (count := planner.count_of(node, ScaleByAdamState)) is None:
         return False
     scalars = transforms._adam_scalars(b1, b2, eps, eps_root, nesterov, _increment(count))
     math = functools.partial(
@@ -340,9 +333,7 @@ def _rms(
 ) -> bool:
     count = None
     if bias_correction:
-        if not isinstance(node, ScaleByRmsWithCountState):
-            return False
-        count = planner.count(node.count)
+        count = planner.count_of(node, ScaleByRmsWithCountState)
         if count is None:
             return False
         count = _increment(count)
