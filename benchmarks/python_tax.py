@@ -6,11 +6,13 @@ sets the time, it times for each algorithm one ``tx.update`` + ``fo.apply_update
 (the pure step, its results fresh tensors) and torch.optim's step in its two eager
 paths (the for-loop and ``foreach=True``), interleaved round by round, with one torch
 thread, and prints the medians and the ratio to torch's faster step (target: at most
-1.0x). It also times the pure step's tensor work alone, the same foreach ops written
-by hand without funcopt (``floor``: fresh buffers, the update, then ``params +
-updates``), to show how much of the step is Python.
+1.0x). It also times the same pure step under ``torch.compile`` (``compiled``: one
+graph, compiled once before the rounds, its first call timed apart), which removes the
+Python around the math, and the pure step's tensor work alone, the same foreach ops
+written by hand without funcopt (``floor``: fresh buffers, the update, then ``params +
+updates``), to show how much of the eager step is Python.
 
-    python benchmarks/python_tax.py [--rounds 2000] [--algorithms Adam,SGD]
+    python benchmarks/python_tax.py [--rounds 2000] [--algorithms Adam,SGD] [--skip-compile]
         [--write-table docs/_generated/python_tax.md]
 """
 
@@ -54,19 +56,33 @@ def adamax_floor(params: list[torch.Tensor], grads: list[torch.Tensor]) -> objec
     return step
 
 
-def timed(name: str, rounds: int) -> dict[str, float]:
-    """Median seconds per step of each contender, interleaved round by round."""
+def timed(name: str, rounds: int, compiled: bool) -> dict[str, float]:
+    """Median seconds per step of each contender, interleaved round by round (and the
+    seconds of the compiled step's first call, as ``"compile"``)."""
     torch.manual_seed(0)
     params = [torch.randn(s) for s in SHAPES]
     grads = [torch.randn(s) for s in SHAPES]
     tx = factory(name)
-    state = [tx.init(params), params]
 
-    def functional() -> None:
-        updates, state[0] = tx.update(grads, state[0], state[1])
-        state[1] = fo.apply_updates(state[1], updates)
+    def pure_step(grads: list, state: object, params: list) -> tuple[list, object]:
+        updates, state = tx.update(grads, state, params)
+        return fo.apply_updates(params, updates), state
 
-    contenders = {"functional": functional}
+    def runner(step: object) -> object:
+        carry = [params, tx.init(params)]
+
+        def run() -> None:
+            carry[0], carry[1] = step(grads, carry[1], carry[0])
+
+        return run
+
+    contenders = {"functional": runner(pure_step)}
+    first_call = {}
+    if compiled:
+        contenders["compiled"] = runner(torch.compile(pure_step))
+        t0 = time.perf_counter()
+        contenders["compiled"]()
+        first_call["compile"] = time.perf_counter() - t0
     for label, foreach in (("torch", False), ("torch foreach", True)):
         ps = [p.clone().requires_grad_() for p in params]
         for p, g in zip(ps, grads):
@@ -81,31 +97,37 @@ def timed(name: str, rounds: int) -> dict[str, float]:
             step()
             if r >= rounds // 10:  # warm-up rounds are not counted
                 times[label].append(time.perf_counter() - t0)
-    return {label: statistics.median(ts) for label, ts in times.items()}
+    return {**{label: statistics.median(ts) for label, ts in times.items()}, **first_call}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2000)
     parser.add_argument("--algorithms", default=",".join(default_algorithms()))
+    parser.add_argument("--skip-compile", action="store_true", help="leave out the compiled step")
     parser.add_argument("--write-table", metavar="PATH", help="also write the table as Markdown to PATH")
     args = parser.parse_args()
     torch.set_num_threads(1)
     rows = []
     for name in args.algorithms.split(","):
-        t = timed(name, args.rounds)
+        t = timed(name, args.rounds, not args.skip_compile)
         best = min(t["torch"], t["torch foreach"])
         us = {label: f"{seconds * 1e6:.1f}" for label, seconds in t.items()}
-        rows.append(
-            [name, us["torch"], us["torch foreach"], us["functional"], f"**{t['functional'] / best:.2f}x**"]
-        )
-        floor = f"   floor (bare foreach ops) {us['floor']}us" if "floor" in t else ""
-        print(
+        row = [name, us["torch"], us["torch foreach"], us["functional"], f"**{t['functional'] / best:.2f}x**"]
+        line = (
             f"{name:10} torch {us['torch']:>7}us  foreach {us['torch foreach']:>7}us  "
-            f"functional {us['functional']:>7}us  functional / torch {t['functional'] / best:.2f}x{floor}",
-            flush=True,
+            f"functional {us['functional']:>7}us  functional / torch {t['functional'] / best:.2f}x"
         )
+        if "compiled" in t:
+            row += [us["compiled"], f"**{t['compiled'] / best:.2f}x**", f"{t['compile']:.1f}"]
+            line += f"  compiled {us['compiled']:>7}us  {t['compiled'] / best:.2f}x (first call {t['compile']:.1f}s)"
+        if "floor" in t:
+            line += f"   floor (bare foreach ops) {us['floor']}us"
+        rows.append(row)
+        print(line, flush=True)
     header = ["algorithm", "torch µs", "torch foreach µs", "functional µs", "functional / torch"]
+    if not args.skip_compile:
+        header += ["compiled µs", "compiled / torch", "first compiled call s"]
     if args.write_table:
         write_table(args.write_table, markdown_table(header, rows), note=f"8-64-1 MLP, {args.rounds} rounds")
 

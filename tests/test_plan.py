@@ -4,9 +4,13 @@ the same whichever way a param takes: the parity tests run every way)."""
 
 from __future__ import annotations
 
+import optree
+import pytest
 import torch
 
+import funcopt as fo
 from funcopt._src import inplace
+from funcopt._src.algorithm import Algorithm
 from funcopt._src.inplace import (
     BLOCKS,
     CHUNKS,
@@ -65,3 +69,58 @@ def test_where_autograd_records():
     tensors = [TINY_VECTOR, MEDIUM, TINY_MATRIX]
     assert routes(tensors, RECORDED) == {LISTS: [0, 2], WHOLE: [1]}
     assert routes(tensors, WRITTEN_BACK) == {WHOLE: [0, 1, 2]}
+
+
+@pytest.mark.parametrize("name", ["adam", "adamax", "sgd", "rmsprop", "asgd", "rprop"])
+def test_the_usual_update_equals_the_per_leaf_grouping(name, monkeypatch):
+    """The functional update finds the usual case (leaves alike, counters shared) column
+    by column; its results equal, bit for bit, those of grouping leaf by leaf."""
+    torch.manual_seed(0)
+    params = {
+        "w": torch.randn(64, 8),
+        "b": torch.randn(64),
+        "big": torch.randn(130, 130),
+        "s": torch.randn(1),
+    }
+    kwargs = {"momentum": 0.9} if name == "sgd" else {} if name == "rprop" else {"weight_decay": 0.1}
+    tx = getattr(fo, name)(lr=0.01, **kwargs)
+
+    def run() -> list[torch.Tensor]:
+        state, p = tx.init(params), params
+        for _ in range(3):
+            grads = {k: torch.sin(v * 3) for k, v in p.items()}
+            updates, state = tx.update(grads, state, p)
+            p = fo.apply_updates(p, updates)
+        return optree.tree_leaves((p, state))
+
+    usual = run()
+    monkeypatch.setattr(Algorithm, "_usual", lambda *args: None)
+    for a, b in zip(usual, run(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_leaves_not_alike_take_the_per_leaf_grouping():
+    """Mixed dtypes, a None gradient, or a state moved leaf by leaf (counters not shared)
+    are not the usual case; the per-leaf grouping steps them as torch would."""
+    calls = []
+    found = Algorithm._usual
+
+    def spy(*args):
+        calls.append(found(*args))
+        return calls[-1]
+
+    params = {"a": torch.ones(3), "b": torch.ones(2, dtype=torch.float64)}
+    tx = fo.adam(lr=0.1)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(Algorithm, "_usual", spy)
+        tx.update({"a": torch.ones(3), "b": torch.ones(2, dtype=torch.float64)}, tx.init(params), params)
+        assert calls[-1] is None
+        same = {"a": torch.ones(3), "b": torch.ones(2)}
+        tx.update({"a": torch.ones(3), "b": None}, tx.init(same), same)
+        assert calls[-1] is None
+        moved = optree.tree_map(torch.clone, tx.init(same))  # counters no longer shared
+        updates, _ = tx.update({"a": torch.ones(3), "b": torch.ones(2)}, moved, same)
+        assert calls[-1] is None
+        tx.update({"a": torch.ones(3), "b": torch.ones(2)}, tx.init(same), same)
+        assert calls[-1] is not None
+    assert torch.allclose(updates["b"], torch.full((2,), -0.1))

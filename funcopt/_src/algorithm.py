@@ -180,6 +180,19 @@ def rows(columns: Sequence[Sequence[Any]], n: int) -> list[tuple[Any, ...]]:
     return list(zip(*columns)) if columns else [()] * n
 
 
+def _keep(updates: list[Any], buffer_columns: Sequence[list[Any]], i: int, out: Tensor,
+          results: Sequence[Tensor | None]) -> None:  # fmt: skip
+    """Leaf i's update and new buffers, into `updates` and the buffers' new columns."""
+    updates[i] = out
+    for column, value in zip(buffer_columns, results):
+        column[i] = MaskedNode() if value is None else value
+
+
+_SHAPE = operator.attrgetter("shape")
+_DTYPE = operator.attrgetter("dtype")
+_IS_SPARSE = operator.attrgetter("is_sparse")
+
+
 def _nothing(**_: Any) -> tuple[str, ...]:
     return ()
 
@@ -433,29 +446,127 @@ class Algorithm:
         new_columns = [list(column) for column in columns]
         k = len(self.counters)
         n = len(g_leaves)
+        buffer_columns: list[list[Any]] = [
+            [None if type(b) is MaskedNode else b for b in column] for column in columns[k:]
+        ]
+        groups: dict[Any, tuple[Any, list[int]]] = {}  # coefficients and leaves, by what they share
+        updates: list[Tensor | None] = [None] * n
+        usual = self._usual(hyperparams, p_leaves, g_leaves, columns[:k], buffer_columns) if eager else None
+        if usual is not None:  # one group, checked column by column
+            new, coefficients = usual
+            for column, value in zip(new_columns, new):
+                column[:] = [value] * n
+            groups[None] = (coefficients, list(range(n)))
+        else:
+            self._group_leaves(hyperparams, p_leaves, g_leaves, columns, buffer_columns,
+                               new_columns, updates, groups, lists_ok, eager, traceable)  # fmt: skip
+        face = inplace.FRESH if eager else inplace.WRITTEN_BACK if written_back else inplace.RECORDED
+        gs = cast(Sequence[Tensor], g_leaves)  # (a grouped leaf has a gradient)
+        keep = functools.partial(_keep, updates, new_columns[k:])
+        for coefficients, indices in groups.values():
+            likes = [gs[i] if (p := p_leaves[i]) is None else p for i in indices]
+            members = inplace.pick(buffer_columns, indices)
+            for route, chosen in inplace.plan(likes, members, face).items():
+                picked = indices if len(chosen) == len(indices) else [indices[c] for c in chosen]
+                if route == inplace.LISTS:
+                    group = inplace.pick((p_leaves, gs, *buffer_columns), picked)
+                    if eager:
+                        outs, new_buffers = inplace.fresh_lists(self, coefficients, hyperparams, group)
+                    else:
+                        outs, new_buffers = self._pure_lists(coefficients, hyperparams, group)
+                    for j, i in enumerate(picked):  # (`keep`, inline: a call per leaf counts)
+                        updates[i] = outs[j]
+                        for column, values in zip(new_columns[k:], new_buffers):
+                            column[i] = MaskedNode() if values is None else values[j]
+                    continue
+                for i in picked:  # by itself: in fresh memory, block by block, or with `Pure` ops
+                    p, g, buffers = p_leaves[i], gs[i], [column[i] for column in buffer_columns]
+                    if route == inplace.BLOCKS:
+                        keep(i, *inplace.fresh_step(self, coefficients, hyperparams, p, g, buffers))
+                    else:
+                        keep(i, *self._pure_step(p, g, buffers, coefficients, hyperparams))
+        return updates, new_columns
+
+    def _usual(
+        self,
+        hyperparams: Hyperparams,
+        p_leaves: Sequence[Tensor | None],
+        g_leaves: Sequence[Tensor | None],
+        counters: Sequence[Sequence[Tensor]],
+        buffer_columns: Sequence[Sequence[Tensor | None]],
+    ) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
+        """The usual eager update, found column by column (a per-leaf loop costs about
+        as much as the math on a small model): every leaf has a gradient, dense, and a
+        param (or none has), all share their counters, dtype and device and have their
+        param's shape, and each buffer is present for all or for none, with none to
+        create; the math is per element and its coefficients are numbers. Returns the new
+        counters and the coefficients, or None where `_group_leaves` must look at each
+        leaf (which also raises the errors)."""
+        n = len(g_leaves)
+        if not self.per_element or not n or any([g is None for g in g_leaves]):
+            return None
+        gs = cast(Sequence[Tensor], g_leaves)
+        firsts = tuple(column[0] for column in counters)
+        if any([c is not first for column, first in zip(counters, firsts) for c in column]):
+            return None
+        shapes, dtypes = list(map(_SHAPE, gs)), list(map(_DTYPE, gs))
+        with_params = p_leaves[0] is not None
+        if any([(p is None) == with_params for p in p_leaves]):
+            return None
+        same = [cast(Sequence[Tensor], p_leaves)] if with_params else []  # what has the gradient's shape
+        for column in buffer_columns:
+            present = column[0] is not None
+            if any([(b is None) == present for b in column]):
+                return None
+            if present and self.buffers_like_param:
+                same.append(cast(Sequence[Tensor], column))
+        if any(list(map(_IS_SPARSE, gs))) or dtypes.count(dtypes[0]) != n:
+            return None
+        devices = [t.device for t in (same[0] if with_params else gs)]
+        if devices.count(devices[0]) != n:
+            return None
+        if not all(list(map(_SHAPE, c)) == shapes and list(map(_DTYPE, c)) == dtypes for c in same):
+            return None
+        if self.creating(hyperparams)([column[0] for column in buffer_columns]):
+            return None
+        new, coefficients = self._schedule(firsts, hyperparams, False, {})
+        if any([isinstance(c, Tensor) for c in coefficients]):
+            return None
+        return new, coefficients
+
+    def _group_leaves(
+        self,
+        hyperparams: Hyperparams,
+        p_leaves: Sequence[Tensor | None],
+        g_leaves: Sequence[Tensor | None],
+        columns: Sequence[Sequence[Any]],
+        buffer_columns: Sequence[Sequence[Tensor | None]],
+        new_columns: list[list[Any]],
+        updates: list[Tensor | None],
+        groups: dict[Any, tuple[Any, list[int]]],
+        lists_ok: bool,
+        eager: bool,
+        traceable: bool,
+    ) -> None:
+        """`update_leaves`' grouping, leaf by leaf: it checks each leaf, writes its new
+        counters into `new_columns`, steps a leaf that must step by itself (into
+        `updates` and `new_columns`), and adds the others to `groups`, by what their math
+        shares."""
+        k = len(self.counters)
+        n = len(g_leaves)
         # per leaf: its counters, its buffers (None where absent), which are absent
         counter_rows = rows(columns[:k], n)
-        buffer_columns = [[None if type(b) is MaskedNode else b for b in column] for column in columns[k:]]
         buffer_rows = rows(buffer_columns, n)
         absent_rows = rows([[b is None for b in column] for column in buffer_columns], n)
         # the previous leaf's counters, their schedule, and whether its coefficients are numbers
         last: tuple[tuple[Any, ...], Any, bool] | None = None
         by_value: dict[Any, Any] = {}  # readable counters' values -> their schedule
         creating = self.creating(hyperparams)
-        groups: dict[Any, tuple[Any, list[int]]] = {}  # coefficients and leaves, by what they share
-        updates: list[Tensor | None] = []
-
-        def keep(i: int, out: Tensor, results: Sequence[Tensor | None]) -> None:
-            """Leaf i's update and new buffers."""
-            updates[i] = out
-            for column, value in zip(new_columns[k:], results):
-                column[i] = MaskedNode() if value is None else value
-
+        keep = functools.partial(_keep, updates, new_columns[k:])
         for i, (p, g, counters, buffers, absent) in enumerate(
             zip(p_leaves, g_leaves, counter_rows, buffer_rows, absent_rows)
         ):
             if g is None:  # skipped, as torch skips a param without .grad
-                updates.append(None)
                 continue
             if not lists_ok and not isinstance(g, Tensor):  # (`untraced` found tensors only)
                 raise TypeError(
@@ -488,7 +599,6 @@ class Algorithm:
                     raise self._mismatch_error(i, p, g, buffers)
             # a param with a buffer to create, or whose math looks across elements, steps by
             # itself with the `Pure` ops; so does any param where lists cannot serve
-            updates.append(None)
             if not lists_ok or not numeric or sparse or not self.per_element or creating(buffers):
                 keep(i, *self._pure_step(p, g, buffers, coefficients, hyperparams))
                 continue
@@ -503,31 +613,6 @@ class Algorithm:
             if entry is None:  # the value keeps the coefficients (the key's id) alive
                 entry = groups[key] = (coefficients, [])
             entry[1].append(i)
-        face = inplace.FRESH if eager else inplace.WRITTEN_BACK if written_back else inplace.RECORDED
-        gs = cast(Sequence[Tensor], g_leaves)  # (a grouped leaf has a gradient)
-        for coefficients, indices in groups.values():
-            likes = [gs[i] if (p := p_leaves[i]) is None else p for i in indices]
-            members = inplace.pick(buffer_columns, indices)
-            for route, chosen in inplace.plan(likes, members, face).items():
-                picked = indices if len(chosen) == len(indices) else [indices[c] for c in chosen]
-                if route == inplace.LISTS:
-                    group = inplace.pick((p_leaves, gs, *buffer_columns), picked)
-                    if eager:
-                        outs, new_buffers = inplace.fresh_lists(self, coefficients, hyperparams, group)
-                    else:
-                        outs, new_buffers = self._pure_lists(coefficients, hyperparams, group)
-                    for j, i in enumerate(picked):  # (`keep`, inline: a call per leaf counts)
-                        updates[i] = outs[j]
-                        for column, values in zip(new_columns[k:], new_buffers):
-                            column[i] = MaskedNode() if values is None else values[j]
-                    continue
-                for i in picked:  # by itself: in fresh memory, block by block, or with `Pure` ops
-                    p, g, buffers = p_leaves[i], gs[i], buffer_rows[i]
-                    if route == inplace.BLOCKS:
-                        keep(i, *inplace.fresh_step(self, coefficients, hyperparams, p, g, buffers))
-                    else:
-                        keep(i, *self._pure_step(p, g, buffers, coefficients, hyperparams))
-        return updates, new_columns
 
     def creating(self, hyperparams: Hyperparams) -> Callable[[Sequence[Tensor | None]], bool]:
         """A test of a param's buffers: whether the math creates one of them (absent, and

@@ -9,6 +9,7 @@ torch.optim skips a param whose ``.grad`` is None.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -92,11 +93,12 @@ def flatten_together(
             except ValueError as e:
                 raise _structure_error(names, j, hint + _list_or_tuple(tree, other), str(e)) from None
             # `tree` as a mere prefix of `other` (a tensor where `other` has a dict)
-            wrong = next(
-                (x for x in column if x is not None and not isinstance(x, (Tensor, MaskedNode))), None
-            )
-            if wrong is not None:
-                raise _structure_error(names, j, hint, f"it has {a_kind(wrong)} where a leaf belongs")
+            if not set(map(type, column)) <= _UNTRACED:  # (the usual leaves, found at once)
+                wrong = next(
+                    (x for x in column if x is not None and not isinstance(x, (Tensor, MaskedNode))), None
+                )
+                if wrong is not None:
+                    raise _structure_error(names, j, hint, f"it has {a_kind(wrong)} where a leaf belongs")
             columns.append(column)
         return columns, treedef.unflatten
     rows: list[tuple[Any, ...]] = []
@@ -149,6 +151,8 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 _UNTRACED = {type(None), MaskedNode, *_PLAIN}  # the leaves that foreach ops may take
+_PLAIN_TYPES = set(_PLAIN)
+_IS_SPARSE = operator.attrgetter("is_sparse")
 
 
 def tracer_active() -> bool:
@@ -231,6 +235,15 @@ def apply_updates(params: Params, updates: Updates) -> Params:
         names=("apply_updates: params", "updates"),
         hint="Pass updates with the structure of params (None for a param to leave as it is).",
     )
+    if (  # as usual, found list by list: tensors alike, dense, and nothing traces or records
+        untraced({})
+        and set(map(type, ps)) | set(map(type, us)) <= _PLAIN_TYPES
+        and [p.shape for p in ps] == [u.shape for u in us]
+        and [p.dtype for p in ps] == [u.dtype for u in us]
+        and not any(map(_IS_SPARSE, us))
+        and not records(ps, us)
+    ):
+        return unflatten(torch._foreach_add(ps, us))
     new = list(ps)  # a None update (or param) leaves the param as it is
     todo = [i for i, (p, u) in enumerate(zip(ps, us)) if p is not None and u is not None]
     for i in todo:  # an update of another shape would broadcast: the param would take its shape
