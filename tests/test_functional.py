@@ -376,6 +376,13 @@ def test_apply_updates():
     assert torch.equal(new["c"], torch.full((1,), 2.0))
 
 
+def test_apply_updates_and_update_on_empty_params():
+    assert fo.apply_updates({}, {}) == {}
+    tx = fo.adamax()
+    updates, state = tx.update({}, tx.init({}), {})
+    assert updates == {} and fo.apply_updates([], []) == []
+
+
 @pytest.mark.parametrize("autograd", [False, True])
 def test_apply_updates_eager_and_under_autograd(autograd):
     """Plain tensors of one dtype are added by one foreach call; under autograd each leaf

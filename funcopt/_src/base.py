@@ -236,7 +236,8 @@ def apply_updates(params: Params, updates: Updates) -> Params:
         hint="Pass updates with the structure of params (None for a param to leave as it is).",
     )
     if (  # as usual, found list by list: tensors alike, dense, and nothing traces or records
-        untraced({})
+        ps
+        and untraced({})
         and set(map(type, ps)) | set(map(type, us)) <= _PLAIN_TYPES
         and [p.shape for p in ps] == [u.shape for u in us]
         and [p.dtype for p in ps] == [u.dtype for u in us]
