@@ -359,7 +359,7 @@ def _by_device(columns: list[list[Any]]) -> list[list[list[Any]]]:
         by_device.setdefault(p.device, []).append(i)
     if len(by_device) == 1:
         return [columns]
-    return [[[column[i] for i in indices] for column in columns] for indices in by_device.values()]
+    return [pick(columns, indices) for indices in by_device.values()]
 
 
 def fresh_step(algorithm: Any, coefficients: Any, hyperparams: Any, p: Tensor | None, g: Tensor,
