@@ -26,7 +26,6 @@ torch.compile runs eagerly while it traces (as it does for torch.optim's classes
 from __future__ import annotations
 
 import inspect
-import operator
 import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -40,6 +39,8 @@ from torch.optim.optimizer import ParamsT, _device_dtype_check_for_fused
 from . import chain_inplace, fused, inplace
 from .algorithm import Algorithm, Hyperparams, normalize, rows, torch_counter
 from .base import (
+    DTYPE,
+    IS_SPARSE,
     GradientTransformation,
     MaskedNode,
     StructureError,
@@ -627,14 +628,14 @@ def _step_in_place(
         raise _missing_entry(e) from None
     counters, buffer_columns = columns[:k], columns[k:]
     # every check comes before any param changes
-    sparse = any(map(_IS_SPARSE, grads))
+    sparse = any(map(IS_SPARSE, grads))
     if sparse:
         algorithm.check_sparse_grad(hyperparams)
     # which buffers are absent, per buffer: all of them (SGD's without momentum), none, or some
     absent = [[b is None for b in column] for column in buffer_columns]
     present = [column for column, nones in zip(buffer_columns, absent) if not all(nones)]
     _check_all_shapes(algorithm, params, grads, buffer_columns, present)
-    dtypes = list(map(_DTYPE, params))
+    dtypes = list(map(DTYPE, params))
     if not tried and not all(
         [d if b is None else b.dtype for b, d in zip(column, dtypes)] == dtypes for column in present
     ):
@@ -694,10 +695,6 @@ def _step_in_place(
             # made where the counters live (a group's are alike in dtype): no copy from the host
             source = torch.full((), value, dtype=column[0].dtype, device=column[0].device)
             torch._foreach_copy_(column, [source] * len(column))
-
-
-_IS_SPARSE = operator.attrgetter("is_sparse")  # (mapped over hundreds of tensors: cheaper than a loop)
-_DTYPE = operator.attrgetter("dtype")
 
 
 def _counter_values(column: list[Tensor]) -> list[Any]:
@@ -821,7 +818,7 @@ def _check_fused(params: list[Tensor], grads: list[Tensor]) -> None:
     # costs microseconds: with hundreds of params, as much as a GPU's step)
     for p in {(p.device.type, p.dtype): p for p in params}.values():
         _device_dtype_check_for_fused(p)
-    if any(map(_IS_SPARSE, grads)):
+    if any(map(IS_SPARSE, grads)):
         raise RuntimeError("`fused` does not support sparse grad or complex param")
 
 

@@ -52,6 +52,9 @@ from torch import Tensor
 
 from . import inplace
 from .base import (
+    DTYPE,
+    IS_SPARSE,
+    SHAPE,
     GradientTransformation,
     MaskedNode,
     Params,
@@ -186,11 +189,6 @@ def _keep(updates: list[Any], buffer_columns: Sequence[list[Any]], i: int, out: 
     updates[i] = out
     for column, value in zip(buffer_columns, results):
         column[i] = MaskedNode() if value is None else value
-
-
-_SHAPE = operator.attrgetter("shape")
-_DTYPE = operator.attrgetter("dtype")
-_IS_SPARSE = operator.attrgetter("is_sparse")
 
 
 def _nothing(**_: Any) -> tuple[str, ...]:
@@ -509,7 +507,7 @@ class Algorithm:
         firsts = tuple(column[0] for column in counters)
         if any([c is not first for column, first in zip(counters, firsts) for c in column]):
             return None
-        shapes, dtypes = list(map(_SHAPE, gs)), list(map(_DTYPE, gs))
+        shapes, dtypes = list(map(SHAPE, gs)), list(map(DTYPE, gs))
         with_params = p_leaves[0] is not None
         if any([(p is None) == with_params for p in p_leaves]):
             return None
@@ -520,12 +518,12 @@ class Algorithm:
                 return None
             if present and self.buffers_like_param:
                 same.append(cast(Sequence[Tensor], column))
-        if any(list(map(_IS_SPARSE, gs))) or dtypes.count(dtypes[0]) != n:
+        if any(list(map(IS_SPARSE, gs))) or dtypes.count(dtypes[0]) != n:
             return None
         devices = [t.device for t in (same[0] if with_params else gs)]
         if devices.count(devices[0]) != n:
             return None
-        if not all(list(map(_SHAPE, c)) == shapes and list(map(_DTYPE, c)) == dtypes for c in same):
+        if not all(list(map(SHAPE, c)) == shapes and list(map(DTYPE, c)) == dtypes for c in same):
             return None
         if self.creating(hyperparams)([column[0] for column in buffer_columns]):
             return None
