@@ -907,3 +907,9 @@ def named_chain(*transforms: tuple[str, GradientTransformation]) -> GradientTran
     return GradientTransformation(
         functools.partial(_named_chain_init, transforms), functools.partial(_named_chain_update, transforms)
     )
+
+
+torch.serialization.add_safe_globals(  # load with torch.load(weights_only=True), as the algorithms' states do
+    [EmaState, ScaleByAdamState, ScaleByRmsState, ScaleByRmsWithCountState, ScaleByScheduleState, TraceState,
+     ZeroNansState]
+)  # fmt: skip
