@@ -2,7 +2,7 @@
 
 ``fo.Optimizer(params, lambda lr, weight_decay: fo.chain(fo.scale_by_adam(),
 fo.add_decayed_weights(weight_decay), fo.scale_by_learning_rate(lr)), ...)`` steps in
-place (``funcopt/_src/chain_inplace.py``), as ``fo.AdamW`` does. On step_time.py's
+place (``funcopt/_src/torch/chain_inplace.py``), as ``fo.AdamW`` does. On step_time.py's
 parameter set (~160 float32 tensors, ~24M elements) it times the chain, the chain with a
 warmup-cosine schedule as its learning rate, the chain with a 0-d tensor weight decay,
 fo.AdamW and torch.optim.AdamW(foreach=True), interleaved round by round, and prints the

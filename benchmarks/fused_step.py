@@ -1,7 +1,7 @@
 """``fused=True`` on the CPU: each class's fused step against the memory-bandwidth floor.
 
 funcopt's ``fused=True`` steps each CPU param with one kernel that inductor compiles from
-the algorithm's elementwise math (funcopt/_src/fused.py). On step_time.py's parameter
+the algorithm's elementwise math (funcopt/_src/torch/fused.py). On step_time.py's parameter
 set (~160 float32 tensors, ~24M elements), for each algorithm, it times, interleaved
 round by round (medians):
 

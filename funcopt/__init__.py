@@ -13,17 +13,22 @@ Stateful API (subclasses of ``torch.optim.Optimizer``)::
     opt = fo.NAdam(model.parameters(), lr=2e-3)
 """
 
-from ._src import schedules as _schedules
-from ._src import transforms as _transforms
-from ._src import wrappers as _wrappers
-from ._src.adadelta import Adadelta, AdadeltaState, adadelta
-from ._src.adafactor import Adafactor, AdafactorState, adafactor
-from ._src.adagrad import Adagrad, AdagradState, adagrad
-from ._src.adam import Adam, AdamState, AdamW, AdamWState, adam, adamw
-from ._src.adamax import Adamax, AdamaxState, adamax
-from ._src.adapter import Optimizer
-from ._src.asgd import ASGD, ASGDState, asgd
-from ._src.base import (
+from ._src import _moved
+from ._src.algorithms.adadelta import Adadelta, AdadeltaState, adadelta
+from ._src.algorithms.adafactor import Adafactor, AdafactorState, adafactor
+from ._src.algorithms.adagrad import Adagrad, AdagradState, adagrad
+from ._src.algorithms.adam import Adam, AdamState, AdamW, AdamWState, adam, adamw
+from ._src.algorithms.adamax import Adamax, AdamaxState, adamax
+from ._src.algorithms.asgd import ASGD, ASGDState, asgd
+from ._src.algorithms.lbfgs import LBFGS, LBFGSState, lbfgs
+from ._src.algorithms.muon import Muon, MuonState, muon
+from ._src.algorithms.nadam import NAdam, NAdamState, nadam
+from ._src.algorithms.radam import RAdam, RAdamState, radam
+from ._src.algorithms.rmsprop import RMSprop, RMSpropState, rmsprop
+from ._src.algorithms.rprop import Rprop, RpropState, rprop
+from ._src.algorithms.sgd import SGD, SGDState, sgd
+from ._src.algorithms.sparse_adam import SparseAdam, SparseAdamState, sparse_adam
+from ._src.core.base import (
     EmptyState,
     GradientTransformation,
     MaskedNode,
@@ -33,21 +38,19 @@ from ._src.base import (
     apply_updates,
     chain,
 )
-from ._src.clipping import clip_by_global_norm
-from ._src.convert import functional_state, load_functional_state
-from ._src.lbfgs import LBFGS, LBFGSState, lbfgs
-from ._src.masking import MaskedState, masked, partition
 from ._src.meta import inner_loop
-from ._src.muon import Muon, MuonState, muon
-from ._src.nadam import NAdam, NAdamState, nadam
-from ._src.radam import RAdam, RAdamState, radam
-from ._src.rmsprop import RMSprop, RMSpropState, rmsprop
-from ._src.rprop import Rprop, RpropState, rprop
-from ._src.schedules import *  # noqa: F403  (each module lists its names in its __all__)
-from ._src.sgd import SGD, SGDState, sgd
-from ._src.sparse_adam import SparseAdam, SparseAdamState, sparse_adam
-from ._src.transforms import *  # noqa: F403
-from ._src.wrappers import *  # noqa: F403
+from ._src.torch.adapter import Optimizer
+from ._src.torch.convert import functional_state, load_functional_state
+from ._src.transforms import blocks as _transforms
+from ._src.transforms import schedules as _schedules
+from ._src.transforms import wrappers as _wrappers
+from ._src.transforms.blocks import *  # noqa: F403
+from ._src.transforms.clipping import clip_by_global_norm
+from ._src.transforms.masking import MaskedState, masked, partition
+from ._src.transforms.schedules import *  # noqa: F403  (each module lists its names in its __all__)
+from ._src.transforms.wrappers import *  # noqa: F403
+
+_moved.install()  # old module paths, for pickles made before the layers
 
 __version__ = "0.1.0"
 

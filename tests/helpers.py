@@ -18,7 +18,7 @@ from torch.testing._internal.common_optimizers import (
 from torch.testing._internal.common_utils import set_default_dtype as set_default_dtype  # for the tests
 
 import funcopt as fo
-from funcopt._src.algorithm import Algorithm
+from funcopt._src.engine.algorithm import Algorithm
 
 # every torch.optim-compatible class funcopt exports (its torch twin has the same name):
 # those on funcopt's engine (fo.Optimizer), and LBFGS (a torch.optim.Optimizer of its own)

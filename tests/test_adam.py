@@ -404,7 +404,7 @@ def test_capturable_step_rounds_its_bias_corrections_as_torch(name, kwargs, monk
     so too, and float64 params agree to far below float32 round-off."""
     import sys
 
-    from funcopt._src import adapter
+    from funcopt._src.torch import adapter
 
     monkeypatch.setattr(
         sys.modules["torch.optim.adam"],

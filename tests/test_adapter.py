@@ -702,7 +702,7 @@ def test_capturable_step_reads_nothing_on_the_host(name, monkeypatch):
     and every way of reading a value forbidden; tests/test_cuda.py replays a real CUDA
     graph."""
     skip_without_flag(name, "capturable")
-    from funcopt._src import adapter
+    from funcopt._src.torch import adapter
 
     def twin_step(cls, capturable, forbid=False):
         torch.manual_seed(0)
@@ -957,7 +957,7 @@ def test_adagrad_share_memory():
     """share_memory() puts the sums in shared memory, as torch's Adagrad does, and steps
     (small params in chunks, large ones in segments) write into them in place, so
     Hogwild processes sharing the optimizer see each other's updates."""
-    from funcopt._src import inplace
+    from funcopt._src.engine import inplace
 
     def scenario(cls):
         torch.manual_seed(0)

@@ -10,7 +10,7 @@ from helpers import assert_matches_torch, assert_same, compiled_and_eager_steps
 from torch.func import grad, vmap
 
 import funcopt as fo
-from funcopt._src.asgd import ASGD_
+from funcopt._src.algorithms.asgd import ASGD_
 
 
 def _steps(base, n, seed=1):

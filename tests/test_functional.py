@@ -35,8 +35,8 @@ from helpers import (
 )
 
 import funcopt as fo
-from funcopt._src import inplace
-from funcopt._src.algorithm import Algorithm
+from funcopt._src.engine import inplace
+from funcopt._src.engine.algorithm import Algorithm
 
 
 def params_and_grads(dtype=torch.float32, seed=0):

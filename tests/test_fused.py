@@ -1,4 +1,4 @@
-"""``fused=True`` on the CPU (funcopt/_src/fused.py): every class's step as compiled kernels.
+"""``fused=True`` on the CPU (funcopt/_src/torch/fused.py): every class's step as compiled kernels.
 
 Each per-element class steps with ``fused=True`` as without it, to float rounding, over
 steps where an LR scheduler changes the lr; SGD, Adam, AdamW and Adagrad as torch's own
@@ -20,7 +20,8 @@ import torch
 from helpers import ALGORITHMS, HYPER, assert_same, fo_cls, kwargs_of, matrices_only, steps_on_dense_gradients
 
 import funcopt as fo
-from funcopt._src import fused, inplace
+from funcopt._src.engine import inplace
+from funcopt._src.torch import fused
 
 
 @pytest.fixture(autouse=True)

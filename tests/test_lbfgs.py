@@ -16,7 +16,7 @@ import torch
 from helpers import optim_inputs
 
 import funcopt as fo
-import funcopt._src.lbfgs as lbfgs_module
+import funcopt._src.algorithms.lbfgs as lbfgs_module
 
 # -- problems: an objective of a dict of params, and where to start ------------------
 

@@ -323,7 +323,7 @@ def test_compiled_class_step_matches_torch_eager():
 
 
 def test_newton_schulz_of_a_stack_equals_each_matrix_in_float64():
-    from funcopt._src.muon import newton_schulz
+    from funcopt._src.algorithms.muon import newton_schulz
 
     stack = torch.randn(5, 7, 4, dtype=F64)
     batched, _ = vmap(lambda m: newton_schulz(m, (3.4445, -4.775, 2.0315), 5, 1e-7, F64))(stack)

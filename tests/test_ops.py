@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from funcopt._src import inplace
-from funcopt._src.ops import ForEach, Fresh, InPlace, Pure, TensorList, nonzero
+from funcopt._src.engine import inplace
+from funcopt._src.engine.ops import ForEach, Fresh, InPlace, Pure, TensorList, nonzero
 
 # name, tensor arguments (by shape), coefficients (keyword or trailing positional)
 CASES = [

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import funcopt as fo
-from funcopt._src import inplace
-from funcopt._src.algorithm import Algorithm
-from funcopt._src.inplace import (
+from funcopt._src.engine import inplace
+from funcopt._src.engine.algorithm import Algorithm
+from funcopt._src.engine.inplace import (
     BLOCKS,
     CHUNKS,
     FRESH,

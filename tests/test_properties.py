@@ -26,7 +26,7 @@ from helpers import (
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from funcopt._src import inplace
+from funcopt._src.engine import inplace
 
 
 def near(value: float) -> st.SearchStrategy[float]:

@@ -11,7 +11,7 @@ from helpers import assert_same, compiled_and_eager_steps
 from torch.func import grad, jvp, vmap
 
 import funcopt as fo
-from funcopt._src import algorithm
+from funcopt._src.engine import algorithm
 
 F64 = torch.float64
 STEPS = 9  # the rectified branch from the sixth step on (default betas)
@@ -213,7 +213,7 @@ def test_capturable_step_computes_its_schedule_as_torch(kwargs, monkeypatch):
     so does fo's, and float64 params agree with torch's bit for bit."""
     import sys
 
-    from funcopt._src import adapter
+    from funcopt._src.torch import adapter
 
     monkeypatch.setattr(
         sys.modules["torch.optim.radam"],

@@ -27,9 +27,9 @@ from helpers import make as make_with_values
 from torch.func import grad, jvp, vjp, vmap
 
 import funcopt as fo
-from funcopt._src import algorithm as fo_algorithm
-from funcopt._src import base as fo_base
-from funcopt._src import inplace
+from funcopt._src.core import base as fo_base
+from funcopt._src.engine import algorithm as fo_algorithm
+from funcopt._src.engine import inplace
 
 F64 = torch.float64
 STEPS = 3

@@ -33,8 +33,9 @@ from helpers import (
 )
 
 import funcopt as fo
-from funcopt._src import base, inplace
-from funcopt._src.base import real_dtype
+from funcopt._src.core import base
+from funcopt._src.core.base import real_dtype
+from funcopt._src.engine import inplace
 
 CASES = [(name, desc, kwargs) for name in ALGORITHMS for desc, kwargs in optim_inputs(name)]
 DTYPES = [torch.float32, torch.float64, torch.complex64]

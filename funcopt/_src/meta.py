@@ -10,7 +10,7 @@ import optree
 import torch
 from torch import Tensor
 
-from .base import GradientTransformation, Params, State, apply_updates, check_transformation
+from .core.base import GradientTransformation, Params, State, apply_updates, check_transformation
 
 
 def inner_loop(

@@ -34,10 +34,10 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT, _to_scalar
 
-from .algorithm import Bound, check_param
-from .base import GradientTransformation, Params, a_kind, tracing
-from .fused import refuse
-from .wrappers import has_schedule, with_schedules
+from ..core.base import GradientTransformation, Params, a_kind, tracing
+from ..engine.algorithm import Bound, check_param
+from ..torch.fused import refuse
+from ..transforms.wrappers import has_schedule, with_schedules
 
 _LR = Bound("lr", "Invalid learning rate: {}")
 """torch's range check of the learning rate."""

@@ -22,11 +22,11 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
-from .adapter import Optimizer
-from .algorithm import Algorithm, Bound
-from .base import GradientTransformation, Params
-from .fused import fused_flag
-from .ops import Coef, Ops, at_least, nonzero, power
+from ..core.base import GradientTransformation, Params
+from ..engine.algorithm import Algorithm, Bound
+from ..engine.ops import Coef, Ops, at_least, nonzero, power
+from ..torch.adapter import Optimizer
+from ..torch.fused import fused_flag
 
 
 class ASGDState(NamedTuple):

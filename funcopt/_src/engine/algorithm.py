@@ -50,8 +50,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor
 
-from . import inplace
-from .base import (
+from ..core.base import (
     DTYPE,
     IS_SPARSE,
     SHAPE,
@@ -71,8 +70,9 @@ from .base import (
     tracer_active,
     untraced,
 )
+from ..transforms.wrappers import has_schedule, with_schedules
+from . import inplace
 from .ops import Pure, PureForEach, TensorList, nonzero
-from .wrappers import has_schedule, with_schedules
 
 Hyperparams = dict[str, Any]
 

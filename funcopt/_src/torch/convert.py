@@ -24,9 +24,9 @@ import optree
 import torch
 from torch import Tensor
 
+from ..core.base import GradientTransformation, MaskedNode, Params, State, a_kind
+from ..engine.algorithm import Algorithm, normalize, torch_counter
 from .adapter import IMPLEMENTATION_FLAGS, Optimizer, _slots, _stored
-from .algorithm import Algorithm, normalize, torch_counter
-from .base import GradientTransformation, MaskedNode, Params, State, a_kind
 
 __all__ = ["functional_state", "load_functional_state"]
 

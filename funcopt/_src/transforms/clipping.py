@@ -15,7 +15,15 @@ import optree
 import torch
 from torch import Tensor
 
-from .base import GradientTransformation, Params, State, Updates, empty_init, flatten_together, real_dtype
+from ..core.base import (
+    GradientTransformation,
+    Params,
+    State,
+    Updates,
+    empty_init,
+    flatten_together,
+    real_dtype,
+)
 from .wrappers import accepts_schedules
 
 Scalar = float | Tensor

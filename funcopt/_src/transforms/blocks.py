@@ -19,7 +19,7 @@ import optree
 import torch
 from torch import Tensor
 
-from .base import (
+from ..core.base import (
     EmptyState,
     GradientTransformation,
     Params,
@@ -30,9 +30,9 @@ from .base import (
     empty_init,
     flatten_together,
 )
+from ..engine.ops import Pure, TensorList, nonzero
 from .clipping import Scalar, abs_sq, adaptive_grad_clip, clip, clip_by_block_rms, coef, map_updates
 from .masking import masked
-from .ops import Pure, TensorList, nonzero
 from .wrappers import accepts_schedules
 
 __all__ = [

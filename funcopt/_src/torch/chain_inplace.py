@@ -50,11 +50,13 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
-from . import base, inplace, transforms, wrappers
-from .base import EmptyState, GradientTransformation
-from .clipping import _clip_by_global_norm_update, _clip_update, coef, global_norm
-from .ops import TensorList, nonzero
-from .transforms import (
+from ..core import base
+from ..core.base import EmptyState, GradientTransformation
+from ..engine import inplace
+from ..engine.ops import TensorList, nonzero
+from ..transforms import blocks as transforms
+from ..transforms import wrappers
+from ..transforms.blocks import (
     EmaState,
     ScaleByAdamState,
     ScaleByRmsState,
@@ -64,7 +66,8 @@ from .transforms import (
     WeightDecaySchedule,
     _increment,
 )
-from .wrappers import ScheduledState, _at
+from ..transforms.clipping import _clip_by_global_norm_update, _clip_update, coef, global_norm
+from ..transforms.wrappers import ScheduledState, _at
 
 _FLOATS = frozenset({torch.float32, torch.float64, torch.bfloat16, torch.float16})
 _PLAIN_TYPES = frozenset(base._PLAIN)

@@ -21,7 +21,7 @@ import optree
 import torch
 from torch import Tensor
 
-from .base import (
+from ..core.base import (
     GradientTransformation,
     MaskedNode,
     Params,
@@ -756,7 +756,7 @@ def with_schedules(
 
     Example:
         >>> import torch, funcopt as fo
-        >>> from funcopt._src.wrappers import with_schedules
+        >>> from funcopt._src.transforms.wrappers import with_schedules
         >>> tx = with_schedules(fo.adamax, {"lr": lambda count: 0.1 * (count + 1)})
         >>> params = [torch.zeros(1)]
         >>> state = tx.init(params)
@@ -1129,8 +1129,8 @@ def schedule_free_sgd(
         >>> fo.schedule_free_eval_params(state, params)[0]
         tensor([3.3180])
     """
+    from .blocks import add_decayed_weights, scale_by_learning_rate
     from .schedules import linear_schedule  # (these import nothing from this module, but keep it light)
-    from .transforms import add_decayed_weights, scale_by_learning_rate
 
     lr: Any = learning_rate
     if warmup_steps is not None:  # optax's warmup_constant_schedule
@@ -1167,8 +1167,8 @@ def schedule_free_adamw(
         >>> round(float((fo.schedule_free_eval_params(state, params)[0] ** 2).sum()), 3)
         0.413
     """
+    from .blocks import add_decayed_weights, scale_by_learning_rate, scale_by_rms
     from .schedules import linear_schedule
-    from .transforms import add_decayed_weights, scale_by_learning_rate, scale_by_rms
 
     lr: Any = learning_rate
     if warmup_steps is not None:

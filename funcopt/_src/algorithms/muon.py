@@ -23,11 +23,11 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
-from .adapter import Optimizer
-from .algorithm import Algorithm, Bound, Hyperparams
-from .base import GradientTransformation, Params
-from .fused import fused_flag
-from .ops import Coef, Ops, _cast, nonzero
+from ..core.base import GradientTransformation, Params
+from ..engine.algorithm import Algorithm, Bound, Hyperparams
+from ..engine.ops import Coef, Ops, _cast, nonzero
+from ..torch.adapter import Optimizer
+from ..torch.fused import fused_flag
 
 DEFAULT_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch's (Keller Jordan's) a, b, c
 ADJUST_LR_FNS = ("original", "match_rms_adamw")

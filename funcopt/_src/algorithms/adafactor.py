@@ -28,11 +28,11 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
-from .adapter import Optimizer
-from .algorithm import Algorithm, Bound, Hyperparams, check_pair
-from .base import GradientTransformation, Params, readable
-from .fused import fused_flag
-from .ops import Coef, Ops, nonzero, power
+from ..core.base import GradientTransformation, Params, readable
+from ..engine.algorithm import Algorithm, Bound, Hyperparams, check_pair
+from ..engine.ops import Coef, Ops, nonzero, power
+from ..torch.adapter import Optimizer
+from ..torch.fused import fused_flag
 
 
 class AdafactorState(NamedTuple):

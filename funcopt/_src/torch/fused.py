@@ -40,9 +40,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import inplace
-from .algorithm import Algorithm, Hyperparams
-from .ops import Coef, Pure, _scale
+from ..engine import inplace
+from ..engine.algorithm import Algorithm, Hyperparams
+from ..engine.ops import Coef, Pure, _scale
 
 
 class OnParam(Pure):

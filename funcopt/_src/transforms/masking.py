@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import optree
 import torch
 
-from .base import (
+from ..core.base import (
     GradientTransformation,
     MaskedNode,
     Params,

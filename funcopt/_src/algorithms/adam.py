@@ -21,10 +21,10 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT, _to_scalar
 
-from .adapter import Optimizer
-from .algorithm import Algorithm, Bound, Hyperparams, scalar_dtype
-from .base import GradientTransformation, Params
-from .ops import Coef, Ops, nonzero, power
+from ..core.base import GradientTransformation, Params
+from ..engine.algorithm import Algorithm, Bound, Hyperparams, scalar_dtype
+from ..engine.ops import Coef, Ops, nonzero, power
+from ..torch.adapter import Optimizer
 
 
 class AdamState(NamedTuple):

@@ -13,11 +13,11 @@ from typing import Any, NamedTuple
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
-from .adapter import Optimizer
-from .algorithm import Algorithm, Bound
-from .base import GradientTransformation, Params
-from .fused import fused_flag
-from .ops import Coef, Ops, nonzero, power
+from ..core.base import GradientTransformation, Params
+from ..engine.algorithm import Algorithm, Bound
+from ..engine.ops import Coef, Ops, nonzero, power
+from ..torch.adapter import Optimizer
+from ..torch.fused import fused_flag
 
 
 class AdamaxState(NamedTuple):

@@ -36,9 +36,7 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT, _device_dtype_check_for_fused
 
-from . import chain_inplace, fused, inplace
-from .algorithm import Algorithm, Hyperparams, normalize, rows, torch_counter
-from .base import (
+from ..core.base import (
     DTYPE,
     IS_SPARSE,
     GradientTransformation,
@@ -50,7 +48,10 @@ from .base import (
     check_transformation,
     dtype_name,
 )
-from .wrappers import InjectHyperparamsState, LookaheadState
+from ..engine import inplace
+from ..engine.algorithm import Algorithm, Hyperparams, normalize, rows, torch_counter
+from ..transforms.wrappers import InjectHyperparamsState, LookaheadState
+from . import chain_inplace, fused
 
 try:
     from torch.distributed.tensor import DTensor

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
-from .base import readable
+from ..core.base import readable
 
 Coef = Any
 """A coefficient: a Python number, or a 0-d tensor (with `Pure`)."""

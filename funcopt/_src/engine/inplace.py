@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .base import SMALL, as_real
+from ..core.base import SMALL, as_real
 from .ops import ForEach, Fresh, InPlace, TensorList
 
 SEGMENT = 1 << 19

@@ -16,10 +16,10 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
-from .adapter import Optimizer
-from .algorithm import Algorithm, Bound
-from .base import GradientTransformation, Params
-from .ops import Coef, Ops, nonzero
+from ..core.base import GradientTransformation, Params
+from ..engine.algorithm import Algorithm, Bound
+from ..engine.ops import Coef, Ops, nonzero
+from ..torch.adapter import Optimizer
 
 
 class AdagradState(NamedTuple):

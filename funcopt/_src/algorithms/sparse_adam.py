@@ -24,11 +24,11 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
-from .adapter import Optimizer
-from .algorithm import Algorithm, Bound
-from .base import GradientTransformation, Params
-from .fused import refuse
-from .ops import Coef, Ops
+from ..core.base import GradientTransformation, Params
+from ..engine.algorithm import Algorithm, Bound
+from ..engine.ops import Coef, Ops
+from ..torch.adapter import Optimizer
+from ..torch.fused import refuse
 
 DENSE_GRADIENT = "SparseAdam does not support dense gradients, please consider Adam instead"
 """torch's error for a dense gradient."""

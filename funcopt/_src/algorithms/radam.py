@@ -26,12 +26,12 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
+from ..core.base import GradientTransformation, Params
+from ..engine.algorithm import Algorithm, Bound, Hyperparams, scalar_dtype
+from ..engine.ops import Coef, Ops, nonzero, power
+from ..torch.adapter import Optimizer
+from ..torch.fused import fused_flag
 from .adam import torch_step, user_capturable
-from .adapter import Optimizer
-from .algorithm import Algorithm, Bound, Hyperparams, scalar_dtype
-from .base import GradientTransformation, Params
-from .fused import fused_flag
-from .ops import Coef, Ops, nonzero, power
 
 
 class RAdamState(NamedTuple):

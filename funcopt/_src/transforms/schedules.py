@@ -32,7 +32,7 @@ import optree
 import torch
 from torch import Tensor
 
-from .base import a_kind
+from ..core.base import a_kind
 
 __all__ = [
     "constant_schedule",
