@@ -22,7 +22,7 @@ from helpers import assert_same
 import funcopt as fo
 from funcopt._src.engine import inplace
 from funcopt._src.torch import chain_inplace
-from funcopt._src.torch.adapter import _slots
+from funcopt._src.torch.state import _slots
 
 # Sizes that take each of the engine's ways on the CPU: chunks of tiny params (with a
 # 0-d one and a matrix), one medium param, a large one in blocks, a non-contiguous one.

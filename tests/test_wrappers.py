@@ -18,7 +18,7 @@ from helpers import assert_same, compiled_and_eager_steps, set_default_dtype
 from torch.func import vmap
 
 import funcopt as fo
-from funcopt._src.transforms.wrappers import ScheduledState, with_schedules
+from funcopt._src.core.hyperparams import ScheduledState, with_schedules
 
 optax = pytest.importorskip("optax")
 jax = pytest.importorskip("jax")

@@ -26,7 +26,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     "clipping": ("transforms.clipping",),
     "masking": ("transforms.masking",),
     "schedules": ("transforms.schedules",),
-    "wrappers": ("transforms.wrappers",),
+    "wrappers": ("transforms.wrappers", "core.hyperparams"),
     "adapter": ("torch.adapter",),
     "chain_inplace": ("torch.chain_inplace",),
     "fused": ("torch.fused",),

@@ -35,9 +35,9 @@ from torch import Tensor
 from torch.optim.optimizer import ParamsT, _to_scalar
 
 from ..core.base import GradientTransformation, Params, a_kind, tracing
+from ..core.hyperparams import has_schedule, with_schedules
 from ..engine.algorithm import Bound, check_param
 from ..torch.fused import refuse
-from ..transforms.wrappers import has_schedule, with_schedules
 
 _LR = Bound("lr", "Invalid learning rate: {}")
 """torch's range check of the learning rate."""

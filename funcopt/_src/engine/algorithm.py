@@ -70,7 +70,7 @@ from ..core.base import (
     tracer_active,
     untraced,
 )
-from ..transforms.wrappers import has_schedule, with_schedules
+from ..core.hyperparams import has_schedule, with_schedules
 from . import inplace
 from .ops import Pure, PureForEach, TensorList, nonzero
 
@@ -341,7 +341,7 @@ class Algorithm:
         """Range-check Python-number hyperparameters, then build the transformation. A
         hyperparameter may be a schedule (a function of the step count, such as
         ``fo.cosine_decay_schedule(...)``): the state then carries the count, and each
-        update evaluates the schedules there (see ``wrappers.with_schedules``)."""
+        update evaluates the schedules there (see ``hyperparams.with_schedules``)."""
         self.check({k: v for k, v in hyperparams.items() if not has_schedule(v)})
         return with_schedules(self, hyperparams)
 

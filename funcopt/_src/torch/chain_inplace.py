@@ -15,7 +15,7 @@ against the engine's ``o`` ops: `Pure` there, `InPlace` or `ForEach` here). It r
 work tensor ``u`` (at first the gradient, only read), block after block, and the step
 ends ``p += u``, as the pure path's ``p.add_(update)``.
 
-The state is the pure path's, slot for slot (the names `adapter._slots` gives, a
+The state is the pure path's, slot for slot (the names `state._slots` gives, a
 group's shared counts written as `_step_functional` writes them), and the values are
 the pure path's bit for bit (float32, float64, bfloat16, float16): the same torch ops in
 the same order, each elementwise, so neither the blocks of a large tensor nor the
@@ -50,12 +50,12 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
-from ..core import base
+from ..core import base, hyperparams
 from ..core.base import EmptyState, GradientTransformation
+from ..core.hyperparams import ScheduledState, _at
 from ..engine import inplace
 from ..engine.ops import TensorList, nonzero
 from ..transforms import blocks as transforms
-from ..transforms import wrappers
 from ..transforms.blocks import (
     EmaState,
     ScaleByAdamState,
@@ -67,7 +67,7 @@ from ..transforms.blocks import (
     _increment,
 )
 from ..transforms.clipping import _clip_by_global_norm_update, _clip_update, coef, global_norm
-from ..transforms.wrappers import ScheduledState, _at
+from .state import _assign, _distinct, _slots
 
 _FLOATS = frozenset({torch.float32, torch.float64, torch.bfloat16, torch.float16})
 _PLAIN_TYPES = frozenset(base._PLAIN)
@@ -350,7 +350,7 @@ def _rms(
 _PARTIALS: dict[Any, Callable[..., bool]] = {
     base._chain_update: _chain,
     transforms._named_chain_update: _named_chain,
-    wrappers._scheduled_update: _scheduled,
+    hyperparams._scheduled_update: _scheduled,
     transforms._scale_update: _scale,
     transforms._schedule_update: _schedule,
     transforms._decay_update: _decay,
@@ -369,7 +369,6 @@ def plan(
     """The in-place plan of `transform`'s step for a group with gradients `grads`, whose
     first param is `p`, with state `state` (a dict of the adapter's slots: the group's
     shared counts are read there), or None where the chain holds anything not known here."""
-    from .adapter import _slots  # adapter imports this module
 
     slots, treedef = _slots(transform.init({"0": torch.empty_like(p, device="meta")}))
     names = [name for name, _, _ in slots]
@@ -456,7 +455,6 @@ def step(
 def _write_counts(counts: list[tuple[str, Tensor]], states: list[dict[str, Any]]) -> None:
     """The group's new counts, written as `_step_functional` writes a shared slot: once
     into each distinct tensor that holds it."""
-    from .adapter import _assign, _distinct
 
     for name, value in counts:
         for state in _distinct(states, name):

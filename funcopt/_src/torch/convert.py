@@ -26,7 +26,8 @@ from torch import Tensor
 
 from ..core.base import GradientTransformation, MaskedNode, Params, State, a_kind
 from ..engine.algorithm import Algorithm, normalize, torch_counter
-from .adapter import IMPLEMENTATION_FLAGS, Optimizer, _slots, _stored
+from .adapter import IMPLEMENTATION_FLAGS, Optimizer
+from .state import _slots, _stored
 
 __all__ = ["functional_state", "load_functional_state"]
 
@@ -211,7 +212,7 @@ class _Face:
 
     def layout(self, group: dict[str, Any], p: Tensor) -> tuple[list[tuple[str, bool, Any]], Any]:
         """The slots of the state, and its structure with the slots as leaves, from an
-        init on one meta tensor like `p` (see ``adapter._slots``); once per group, shape
+        init on one meta tensor like `p` (see ``state._slots``); once per group, shape
         and dtype."""
         key = (id(group), p.shape, p.dtype)
         if key not in self.layouts:

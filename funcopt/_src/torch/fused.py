@@ -43,6 +43,7 @@ from torch import Tensor
 from ..engine import inplace
 from ..engine.algorithm import Algorithm, Hyperparams
 from ..engine.ops import Coef, Pure, _scale
+from .step import _step_in_place
 
 
 class OnParam(Pure):
@@ -85,8 +86,6 @@ def step(algorithm: Algorithm, hyperparams: Hyperparams, params: list[Tensor], g
          states: list[dict[str, Any]]) -> None:  # fmt: skip
     """A fused group's step: the adapter's in-place step (its checks, counters and
     schedule), whose dense params `step_dense` steps."""
-    from .adapter import _step_in_place
-
     _step_in_place(algorithm, hyperparams, params, grads, states, dense=step_dense)
 
 

@@ -30,10 +30,10 @@ from ..core.base import (
     empty_init,
     flatten_together,
 )
+from ..core.hyperparams import accepts_schedules
 from ..engine.ops import Pure, TensorList, nonzero
 from .clipping import Scalar, abs_sq, adaptive_grad_clip, clip, clip_by_block_rms, coef, map_updates
 from .masking import masked
-from .wrappers import accepts_schedules
 
 __all__ = [
     "EmaState",

@@ -24,7 +24,7 @@ from ..core.base import (
     flatten_together,
     real_dtype,
 )
-from .wrappers import accepts_schedules
+from ..core.hyperparams import accepts_schedules
 
 Scalar = float | Tensor
 """A hyperparameter: a Python number or a 0-d tensor."""
