@@ -14,20 +14,20 @@ Stateful API (subclasses of ``torch.optim.Optimizer``)::
 """
 
 from ._src import _moved
-from ._src.algorithms.adadelta import Adadelta, AdadeltaState, adadelta
-from ._src.algorithms.adafactor import Adafactor, AdafactorState, adafactor
-from ._src.algorithms.adagrad import Adagrad, AdagradState, adagrad
-from ._src.algorithms.adam import Adam, AdamState, AdamW, AdamWState, adam, adamw
-from ._src.algorithms.adamax import Adamax, AdamaxState, adamax
-from ._src.algorithms.asgd import ASGD, ASGDState, asgd
-from ._src.algorithms.lbfgs import LBFGS, LBFGSState, lbfgs
-from ._src.algorithms.muon import Muon, MuonState, muon
-from ._src.algorithms.nadam import NAdam, NAdamState, nadam
-from ._src.algorithms.radam import RAdam, RAdamState, radam
-from ._src.algorithms.rmsprop import RMSprop, RMSpropState, rmsprop
-from ._src.algorithms.rprop import Rprop, RpropState, rprop
-from ._src.algorithms.sgd import SGD, SGDState, sgd
-from ._src.algorithms.sparse_adam import SparseAdam, SparseAdamState, sparse_adam
+from ._src.algorithms.adadelta import AdadeltaState, adadelta
+from ._src.algorithms.adafactor import AdafactorState, adafactor
+from ._src.algorithms.adagrad import AdagradState, adagrad
+from ._src.algorithms.adam import AdamState, AdamWState, adam, adamw
+from ._src.algorithms.adamax import AdamaxState, adamax
+from ._src.algorithms.asgd import ASGDState, asgd
+from ._src.algorithms.lbfgs import LBFGSState, lbfgs
+from ._src.algorithms.muon import MuonState, muon
+from ._src.algorithms.nadam import NAdamState, nadam
+from ._src.algorithms.radam import RAdamState, radam
+from ._src.algorithms.rmsprop import RMSpropState, rmsprop
+from ._src.algorithms.rprop import RpropState, rprop
+from ._src.algorithms.sgd import SGDState, sgd
+from ._src.algorithms.sparse_adam import SparseAdamState, sparse_adam
 from ._src.core.base import (
     EmptyState,
     GradientTransformation,
@@ -40,7 +40,24 @@ from ._src.core.base import (
 )
 from ._src.meta import inner_loop
 from ._src.torch.adapter import Optimizer
+from ._src.torch.classes import (
+    ASGD,
+    SGD,
+    Adadelta,
+    Adafactor,
+    Adagrad,
+    Adam,
+    Adamax,
+    AdamW,
+    Muon,
+    NAdam,
+    RAdam,
+    RMSprop,
+    Rprop,
+    SparseAdam,
+)
 from ._src.torch.convert import functional_state, load_functional_state
+from ._src.torch.lbfgs import LBFGS
 from ._src.transforms import blocks as _transforms
 from ._src.transforms import schedules as _schedules
 from ._src.transforms import wrappers as _wrappers

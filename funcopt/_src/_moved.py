@@ -19,6 +19,7 @@ _ALGORITHMS = (
 # old module (under funcopt._src) -> the modules, under funcopt._src, that hold its names now
 MOVED: dict[str, tuple[str, ...]] = {
     **{name: (f"algorithms.{name}", "torch.classes") for name in _ALGORITHMS.split()},
+    "lbfgs": ("algorithms.lbfgs", "algorithms.lbfgs_search", "torch.lbfgs"),
     "base": ("core.base",),
     "algorithm": ("engine.algorithm",),
     "ops": ("engine.ops",),
@@ -27,7 +28,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     "masking": ("transforms.masking",),
     "schedules": ("transforms.schedules",),
     "wrappers": ("transforms.wrappers", "core.hyperparams"),
-    "adapter": ("torch.adapter",),
+    "adapter": ("torch.adapter", "torch.state", "torch.step"),
     "chain_inplace": ("torch.chain_inplace",),
     "fused": ("torch.fused",),
     "convert": ("torch.convert",),

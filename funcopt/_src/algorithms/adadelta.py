@@ -12,13 +12,10 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from torch import Tensor
-from torch.optim.optimizer import ParamsT
 
 from ..core.base import GradientTransformation, Params
 from ..engine.algorithm import Algorithm, Bound
 from ..engine.ops import Coef, Ops, nonzero
-from ..torch.adapter import Optimizer
-from ..torch.fused import fused_flag
 
 
 class AdadeltaState(NamedTuple):
@@ -109,36 +106,3 @@ def adadelta(
         tensor([-0.0032,  0.0032])
     """
     return ADADELTA.transform(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay, maximize=maximize)
-
-
-class Adadelta(Optimizer):
-    """Drop-in ``torch.optim.Adadelta``: same arguments, state keys and ``state_dict``
-    format, running funcopt's `adadelta` math in place."""
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float | Tensor = 1.0,
-        rho: float = 0.9,
-        eps: float = 1e-6,
-        weight_decay: float = 0,
-        foreach: bool | None = None,
-        *,
-        capturable: bool = False,
-        maximize: bool = False,
-        differentiable: bool = False,
-        fused: bool | None = None,
-    ) -> None:
-        super().__init__(
-            params,
-            ADADELTA,
-            lr=lr,
-            rho=rho,
-            eps=eps,
-            weight_decay=weight_decay,
-            maximize=maximize,
-            capturable=capturable,
-            foreach=foreach,
-            differentiable=differentiable,
-            **fused_flag(fused),
-        )

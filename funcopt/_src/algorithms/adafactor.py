@@ -26,13 +26,10 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
-from torch.optim.optimizer import ParamsT
 
 from ..core.base import GradientTransformation, Params, readable
 from ..engine.algorithm import Algorithm, Bound, Hyperparams, check_pair
 from ..engine.ops import Coef, Ops, nonzero, power
-from ..torch.adapter import Optimizer
-from ..torch.fused import fused_flag
 
 
 class AdafactorState(NamedTuple):
@@ -293,34 +290,3 @@ def adafactor(
         weight_decay=weight_decay,
         maximize=maximize,
     )
-
-
-class Adafactor(Optimizer):
-    """Drop-in ``torch.optim.Adafactor``: same arguments, state keys and ``state_dict``
-    format, running funcopt's `adafactor` math in place."""
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float | Tensor = 1e-2,
-        beta2_decay: float = -0.8,
-        eps: tuple[float | None, float] = (None, 1e-3),
-        d: float = 1.0,
-        weight_decay: float = 0.0,
-        *,
-        foreach: bool | None = None,
-        maximize: bool = False,
-        fused: bool | None = None,
-    ) -> None:
-        super().__init__(
-            params,
-            ADAFACTOR,
-            lr=lr,
-            beta2_decay=beta2_decay,
-            eps=eps,
-            d=d,
-            weight_decay=weight_decay,
-            foreach=foreach,
-            maximize=maximize,
-            **fused_flag(fused),
-        )

@@ -14,12 +14,10 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
-from torch.optim.optimizer import ParamsT
 
 from ..core.base import GradientTransformation, Params
 from ..engine.algorithm import Algorithm, Bound
 from ..engine.ops import Coef, Ops, nonzero
-from ..torch.adapter import Optimizer
 
 
 class AdagradState(NamedTuple):
@@ -139,45 +137,3 @@ def adagrad(
         maximize=maximize,
         eps_root=eps_root,
     )
-
-
-class Adagrad(Optimizer):
-    """Drop-in ``torch.optim.Adagrad``: same arguments, state keys and ``state_dict``
-    format (its state is created at construction, as torch does), running funcopt's
-    `adagrad` math in place."""
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float | Tensor = 1e-2,
-        lr_decay: float = 0,
-        weight_decay: float = 0,
-        initial_accumulator_value: float = 0,
-        eps: float = 1e-10,
-        foreach: bool | None = None,
-        *,
-        maximize: bool = False,
-        differentiable: bool = False,
-        fused: bool | None = None,
-    ) -> None:
-        super().__init__(
-            params,
-            ADAGRAD,
-            lr=lr,
-            lr_decay=lr_decay,
-            eps=eps,
-            weight_decay=weight_decay,
-            initial_accumulator_value=initial_accumulator_value,
-            foreach=foreach,
-            maximize=maximize,
-            differentiable=differentiable,
-            fused=fused,
-        )
-
-    def share_memory(self) -> None:
-        """Move the state sums to shared memory (``Tensor.share_memory_``), as torch's
-        Adagrad does, for Hogwild training with ``torch.multiprocessing``: steps write
-        into them in place, so every process sees the others' updates."""
-        for group in self.param_groups:
-            for p in group["params"]:
-                self.state[p]["sum"].share_memory_()

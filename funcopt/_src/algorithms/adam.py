@@ -19,12 +19,10 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
-from torch.optim.optimizer import ParamsT, _to_scalar
 
 from ..core.base import GradientTransformation, Params
-from ..engine.algorithm import Algorithm, Bound, Hyperparams, scalar_dtype
+from ..engine.algorithm import Algorithm, Bound
 from ..engine.ops import Coef, Ops, nonzero, power
-from ..torch.adapter import Optimizer
 
 
 class AdamState(NamedTuple):
@@ -54,16 +52,6 @@ def torch_step(step: Coef, dtype: torch.dtype) -> Tensor:
     """The step count as torch's capturable (and Adam's differentiable) step reads it: a
     tensor of the counter's `dtype`, in which the per-step scalars then round."""
     return step.to(dtype) if isinstance(step, Tensor) else torch.tensor(step, dtype=dtype)
-
-
-def user_capturable(optimizer: Optimizer, group: dict[str, Any]) -> bool:
-    """Whether a group steps as torch's capturable step: where its user set capturable.
-    torch.compile's tracing of a step sets every group's capturable (so torch's compiled
-    step computes its scalars from the step tensor); funcopt's compiled step keeps the
-    default step's Python doubles there, as the functional update does."""
-    if torch.compiler.is_compiling():
-        return bool(optimizer.defaults.get("capturable"))
-    return bool(group.get("capturable"))
 
 
 def _schedule(
@@ -274,143 +262,3 @@ def adamw(
         decoupled_weight_decay=True,
         eps_root=eps_root,
     )
-
-
-def _check_betas(betas: Any, *, foreach: bool | None, capturable: bool) -> None:
-    """torch's checks of the betas that are not range checks, in its order."""
-    if not (
-        (isinstance(betas[0], float) and isinstance(betas[1], float))
-        or (isinstance(betas[0], Tensor) and isinstance(betas[1], Tensor))
-    ):
-        raise ValueError("betas must be either both floats or both Tensors")
-    for i, beta in enumerate(betas):
-        if isinstance(beta, Tensor):
-            if not capturable and foreach:
-                raise ValueError(
-                    f"betas[{i}] as a Tensor is not supported for capturable=False and foreach=True"
-                )
-            if beta.numel() != 1:
-                raise ValueError(f"Tensor betas[{i}] must be 1-element")
-
-
-_TENSOR_LR_FOREACH = "lr as a Tensor is not supported for capturable=False and foreach=True"
-
-
-class Adam(Optimizer):
-    """Drop-in ``torch.optim.Adam``: same arguments, state keys and ``state_dict``
-    format, running funcopt's `adam` math in place. ``fused=True`` is accepted where
-    torch accepts it: the state's ``step`` is then a float32 tensor on the param's
-    device, and a ``torch.amp.GradScaler`` hands the step its scale and inf flag, as
-    with torch's fused class; on the CPU each param steps with one compiled kernel
-    (see ``fused.py``), equal to the default step up to float rounding."""
-
-    _algorithm = ADAM
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float | Tensor = 1e-3,
-        betas: tuple[float | Tensor, float | Tensor] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0,
-        amsgrad: bool = False,
-        *,
-        foreach: bool | None = None,
-        maximize: bool = False,
-        capturable: bool = False,
-        differentiable: bool = False,
-        fused: bool | None = None,
-        decoupled_weight_decay: bool = False,
-    ) -> None:
-        if isinstance(lr, Tensor):
-            if foreach and not capturable:
-                raise ValueError(_TENSOR_LR_FOREACH)
-            if lr.numel() != 1:
-                raise ValueError("Tensor lr must be 1-element")
-        self._algorithm.check(
-            {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}, tensors=True
-        )
-        _check_betas(betas, foreach=foreach, capturable=capturable)
-        super().__init__(
-            params,
-            self._algorithm,
-            lr=lr,
-            betas=tuple(map(_to_scalar, betas)),
-            eps=eps,
-            weight_decay=weight_decay,
-            amsgrad=amsgrad,
-            maximize=maximize,
-            foreach=foreach,
-            capturable=capturable,
-            differentiable=differentiable,
-            fused=fused,
-            decoupled_weight_decay=decoupled_weight_decay,
-        )
-
-    def _group_hyperparams(self, group: dict[str, Any]) -> Hyperparams:
-        """A group's hyperparameters, with what torch's step does otherwise than the
-        functional update: for a differentiable or capturable step, the bias corrections
-        from the step tensor, rounded in its dtype (float32 unless that is not the default
-        dtype), where the default step computes them in Python doubles; and a tensor
-        beta1 rounded to each param's dtype before its ``1 - beta1``."""
-        hyperparams = super()._group_hyperparams(group)
-        if group.get("differentiable") or user_capturable(self, group):
-            hyperparams["step_in_tensor"] = scalar_dtype(bool(group.get("fused")))
-        if isinstance(group["betas"][0], Tensor):
-            hyperparams["beta1_in_param_dtype"] = True
-        return hyperparams
-
-    def _init_group(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> bool:
-        """torch's checks of each step: no sparse gradients (with torch's message), and
-        no tensor lr with foreach and not capturable (a group added or changed later)."""
-        for p in group["params"]:
-            if p.grad is not None:
-                if p.grad.is_sparse:
-                    raise RuntimeError(
-                        "Adam does not support sparse gradients, please consider SparseAdam instead"
-                    )
-                if group.get("foreach") and isinstance(group["lr"], Tensor) and not group.get("capturable"):
-                    raise RuntimeError(_TENSOR_LR_FOREACH)
-        return super()._init_group(group, params, grads)
-
-
-class AdamW(Adam):
-    """Drop-in ``torch.optim.AdamW``: `Adam` with decoupled weight decay (and a default
-    ``weight_decay`` of 1e-2), as torch's; running funcopt's `adamw` math in place."""
-
-    _algorithm = ADAMW
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float | Tensor = 1e-3,
-        betas: tuple[float | Tensor, float | Tensor] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 1e-2,
-        amsgrad: bool = False,
-        *,
-        maximize: bool = False,
-        foreach: bool | None = None,
-        capturable: bool = False,
-        differentiable: bool = False,
-        fused: bool | None = None,
-    ) -> None:
-        super().__init__(
-            params,
-            lr,
-            betas,
-            eps,
-            weight_decay,
-            amsgrad,
-            foreach=foreach,
-            maximize=maximize,
-            capturable=capturable,
-            differentiable=differentiable,
-            fused=fused,
-            decoupled_weight_decay=True,
-        )
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        for group in self.param_groups:  # as torch's: a loaded Adam state_dict steps as AdamW
-            group["decoupled_weight_decay"] = True

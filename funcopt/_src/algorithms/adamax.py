@@ -11,13 +11,10 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from torch import Tensor
-from torch.optim.optimizer import ParamsT
 
 from ..core.base import GradientTransformation, Params
 from ..engine.algorithm import Algorithm, Bound
 from ..engine.ops import Coef, Ops, nonzero, power
-from ..torch.adapter import Optimizer
-from ..torch.fused import fused_flag
 
 
 class AdamaxState(NamedTuple):
@@ -109,36 +106,3 @@ def adamax(
         tensor([ 0.9000, -1.9000])
     """
     return ADAMAX.transform(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, maximize=maximize)
-
-
-class Adamax(Optimizer):
-    """Drop-in ``torch.optim.Adamax``: same arguments, state keys and ``state_dict``
-    format, running funcopt's `adamax` math in place."""
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float | Tensor = 2e-3,
-        betas: tuple[float | Tensor, float | Tensor] | Tensor = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0,
-        foreach: bool | None = None,
-        *,
-        maximize: bool = False,
-        differentiable: bool = False,
-        capturable: bool = False,
-        fused: bool | None = None,
-    ) -> None:
-        super().__init__(
-            params,
-            ADAMAX,
-            lr=lr,
-            betas=betas,
-            eps=eps,
-            weight_decay=weight_decay,
-            foreach=foreach,
-            maximize=maximize,
-            differentiable=differentiable,
-            capturable=capturable,
-            **fused_flag(fused),
-        )

@@ -20,13 +20,10 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
-from torch.optim.optimizer import ParamsT
 
 from ..core.base import GradientTransformation, Params
 from ..engine.algorithm import Algorithm, Bound
 from ..engine.ops import Coef, Ops, at_least, nonzero, power
-from ..torch.adapter import Optimizer
-from ..torch.fused import fused_flag
 
 
 class ASGDState(NamedTuple):
@@ -159,38 +156,3 @@ def asgd(
     return ASGD_.transform(
         lr=lr, lambd=lambd, alpha=alpha, t0=t0, weight_decay=weight_decay, maximize=maximize
     )
-
-
-class ASGD(Optimizer):
-    """Drop-in ``torch.optim.ASGD``: same arguments, state keys and ``state_dict``
-    format, running funcopt's `asgd` math in place."""
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float | Tensor = 1e-2,
-        lambd: float = 1e-4,
-        alpha: float = 0.75,
-        t0: float = 1e6,
-        weight_decay: float = 0,
-        foreach: bool | None = None,
-        maximize: bool = False,
-        differentiable: bool = False,
-        capturable: bool = False,
-        *,
-        fused: bool | None = None,
-    ) -> None:
-        super().__init__(
-            params,
-            ASGD_,
-            lr=lr,
-            lambd=lambd,
-            alpha=alpha,
-            t0=t0,
-            weight_decay=weight_decay,
-            foreach=foreach,
-            maximize=maximize,
-            differentiable=differentiable,
-            capturable=capturable,
-            **fused_flag(fused),
-        )

@@ -21,13 +21,10 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
-from torch.optim.optimizer import ParamsT
 
 from ..core.base import GradientTransformation, Params
 from ..engine.algorithm import Algorithm, Bound, Hyperparams
 from ..engine.ops import Coef, Ops, _cast, nonzero
-from ..torch.adapter import Optimizer
-from ..torch.fused import fused_flag
 
 DEFAULT_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch's (Keller Jordan's) a, b, c
 ADJUST_LR_FNS = ("original", "match_rms_adamw")
@@ -236,42 +233,3 @@ def muon(
         adjust_lr_fn=adjust_lr_fn,
         ns_dtype=ns_dtype,
     )
-
-
-class Muon(Optimizer):
-    """Drop-in ``torch.optim.Muon``: same arguments, state keys and ``state_dict`` format,
-    running funcopt's `muon` math in place. Every param must be 2-D, as torch checks."""
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float = 1e-3,
-        weight_decay: float = 0.1,
-        momentum: float = 0.95,
-        nesterov: bool = True,
-        ns_coefficients: tuple[float, float, float] = DEFAULT_NS_COEFFICIENTS,
-        eps: float = 1e-7,
-        ns_steps: int = 5,
-        adjust_lr_fn: str | None = None,
-        *,
-        fused: bool | None = None,
-    ) -> None:
-        super().__init__(
-            params,
-            MUON,
-            lr=lr,
-            weight_decay=weight_decay,
-            momentum=momentum,
-            nesterov=nesterov,
-            ns_coefficients=ns_coefficients,
-            eps=eps,
-            ns_steps=ns_steps,
-            adjust_lr_fn=adjust_lr_fn,
-            **fused_flag(fused),
-        )
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.ndim != 2:
-                    raise ValueError(
-                        f"Muon only supports 2D parameters whereas we found a parameter with size: {p.size()}"
-                    )

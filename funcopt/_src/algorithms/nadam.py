@@ -16,13 +16,10 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from torch import Tensor
-from torch.optim.optimizer import ParamsT
 
 from ..core.base import GradientTransformation, Params
 from ..engine.algorithm import Algorithm, Bound
 from ..engine.ops import Coef, Ops, counter_product, nonzero, power
-from ..torch.adapter import Optimizer
-from ..torch.fused import fused_flag
 
 
 class NAdamState(NamedTuple):
@@ -169,40 +166,3 @@ def nadam(
         maximize=maximize,
         eps_root=eps_root,
     )
-
-
-class NAdam(Optimizer):
-    """Drop-in ``torch.optim.NAdam``: same arguments, state keys and ``state_dict`` format,
-    running funcopt's `nadam` math in place."""
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float | Tensor = 2e-3,
-        betas: tuple[float | Tensor, float | Tensor] | Tensor = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0,
-        momentum_decay: float = 4e-3,
-        decoupled_weight_decay: bool = False,
-        *,
-        foreach: bool | None = None,
-        maximize: bool = False,
-        capturable: bool = False,
-        differentiable: bool = False,
-        fused: bool | None = None,
-    ) -> None:
-        super().__init__(
-            params,
-            NADAM,
-            lr=lr,
-            betas=betas,
-            eps=eps,
-            weight_decay=weight_decay,
-            momentum_decay=momentum_decay,
-            decoupled_weight_decay=decoupled_weight_decay,
-            maximize=maximize,
-            foreach=foreach,
-            capturable=capturable,
-            differentiable=differentiable,
-            **fused_flag(fused),
-        )

@@ -24,14 +24,11 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
-from torch.optim.optimizer import ParamsT
 
 from ..core.base import GradientTransformation, Params
-from ..engine.algorithm import Algorithm, Bound, Hyperparams, scalar_dtype
+from ..engine.algorithm import Algorithm, Bound
 from ..engine.ops import Coef, Ops, nonzero, power
-from ..torch.adapter import Optimizer
-from ..torch.fused import fused_flag
-from .adam import torch_step, user_capturable
+from .adam import torch_step
 
 
 class RAdamState(NamedTuple):
@@ -190,48 +187,3 @@ def radam(
         maximize=maximize,
         eps_root=eps_root,
     )
-
-
-class RAdam(Optimizer):
-    """Drop-in ``torch.optim.RAdam``: same arguments, state keys and ``state_dict``
-    format, running funcopt's `radam` math in place."""
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float | Tensor = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0,
-        decoupled_weight_decay: bool = False,
-        *,
-        foreach: bool | None = None,
-        maximize: bool = False,
-        capturable: bool = False,
-        differentiable: bool = False,
-        fused: bool | None = None,
-    ) -> None:
-        super().__init__(
-            params,
-            RADAM,
-            lr=lr,
-            betas=betas,
-            eps=eps,
-            weight_decay=weight_decay,
-            maximize=maximize,
-            foreach=foreach,
-            capturable=capturable,
-            decoupled_weight_decay=decoupled_weight_decay,
-            differentiable=differentiable,
-            **fused_flag(fused),
-        )
-
-    def _group_hyperparams(self, group: dict[str, Any]) -> Hyperparams:
-        """A group's hyperparameters; for a capturable step, with the schedule told to
-        compute as torch's capturable step does: from the step tensor, rounded in its
-        dtype (float32 unless that is not the default dtype), where the default step (and
-        torch's differentiable one) computes in Python doubles."""
-        hyperparams = super()._group_hyperparams(group)
-        if user_capturable(self, group):
-            hyperparams["step_in_tensor"] = scalar_dtype()
-        return hyperparams

@@ -17,13 +17,10 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from torch import Tensor
-from torch.optim.optimizer import ParamsT
 
 from ..core.base import GradientTransformation, Params
 from ..engine.algorithm import Algorithm, Bound
 from ..engine.ops import Coef, Ops, nonzero
-from ..torch.adapter import Optimizer
-from ..torch.fused import fused_flag
 
 
 class RMSpropState(NamedTuple):
@@ -149,40 +146,3 @@ def rmsprop(
         centered=centered,
         maximize=maximize,
     )
-
-
-class RMSprop(Optimizer):
-    """Drop-in ``torch.optim.RMSprop``: same arguments, state keys and ``state_dict``
-    format, running funcopt's `rmsprop` math in place."""
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float | Tensor = 1e-2,
-        alpha: float = 0.99,
-        eps: float = 1e-8,
-        weight_decay: float = 0,
-        momentum: float = 0,
-        centered: bool = False,
-        capturable: bool = False,
-        foreach: bool | None = None,
-        maximize: bool = False,
-        differentiable: bool = False,
-        *,
-        fused: bool | None = None,
-    ) -> None:
-        super().__init__(
-            params,
-            RMSPROP,
-            lr=lr,
-            momentum=momentum,
-            alpha=alpha,
-            eps=eps,
-            centered=centered,
-            weight_decay=weight_decay,
-            capturable=capturable,
-            foreach=foreach,
-            maximize=maximize,
-            differentiable=differentiable,
-            **fused_flag(fused),
-        )

@@ -17,13 +17,10 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from torch import Tensor
-from torch.optim.optimizer import ParamsT
 
 from ..core.base import GradientTransformation, Params
 from ..engine.algorithm import Algorithm, Bound, Hyperparams, check_pair
 from ..engine.ops import Coef, Ops
-from ..torch.adapter import Optimizer
-from ..torch.fused import fused_flag
 
 
 class RpropState(NamedTuple):
@@ -128,34 +125,3 @@ def rprop(
         (tensor([ 0.7800, -1.9000]), tensor([0.1200, 0.0500]))
     """
     return RPROP.transform(lr=lr, etas=etas, step_sizes=step_sizes, maximize=maximize)
-
-
-class Rprop(Optimizer):
-    """Drop-in ``torch.optim.Rprop``: same arguments, state keys and ``state_dict``
-    format, running funcopt's `rprop` math in place."""
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float | Tensor = 1e-2,
-        etas: tuple[float, float] = (0.5, 1.2),
-        step_sizes: tuple[float, float] = (1e-6, 50),
-        *,
-        capturable: bool = False,
-        foreach: bool | None = None,
-        maximize: bool = False,
-        differentiable: bool = False,
-        fused: bool | None = None,
-    ) -> None:
-        super().__init__(
-            params,
-            RPROP,
-            lr=lr,
-            etas=etas,
-            step_sizes=step_sizes,
-            foreach=foreach,
-            maximize=maximize,
-            differentiable=differentiable,
-            capturable=capturable,
-            **fused_flag(fused),
-        )

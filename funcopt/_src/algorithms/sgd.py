@@ -14,12 +14,10 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from torch import Tensor
-from torch.optim.optimizer import ParamsT
 
 from ..core.base import GradientTransformation, Params
 from ..engine.algorithm import Algorithm, Bound, Hyperparams
 from ..engine.ops import Coef, Ops, nonzero
-from ..torch.adapter import Optimizer
 
 
 class SGDState(NamedTuple):
@@ -135,41 +133,3 @@ def sgd(
         nesterov=nesterov,
         maximize=maximize,
     )
-
-
-class SGD(Optimizer):
-    """Drop-in ``torch.optim.SGD``: same arguments, state keys and ``state_dict`` format,
-    running funcopt's `sgd` math in place."""
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float | Tensor = 1e-3,
-        momentum: float = 0,
-        dampening: float = 0,
-        weight_decay: float | Tensor = 0,
-        nesterov: bool = False,
-        *,
-        maximize: bool = False,
-        foreach: bool | None = None,
-        differentiable: bool = False,
-        fused: bool | None = None,
-    ) -> None:
-        super().__init__(
-            params,
-            SGD_,
-            lr=lr,
-            momentum=momentum,
-            dampening=dampening,
-            weight_decay=weight_decay,
-            nesterov=nesterov,
-            maximize=maximize,
-            foreach=foreach,
-            differentiable=differentiable,
-            fused=fused,
-        )
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        for group in state["param_groups"]:  # an older checkpoint gets torch's SGD defaults
-            group.setdefault("fused", False)
-        super().__setstate__(state)

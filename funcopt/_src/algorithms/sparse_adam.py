@@ -22,13 +22,10 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
-from torch.optim.optimizer import ParamsT
 
 from ..core.base import GradientTransformation, Params
 from ..engine.algorithm import Algorithm, Bound
 from ..engine.ops import Coef, Ops
-from ..torch.adapter import Optimizer
-from ..torch.fused import refuse
 
 DENSE_GRADIENT = "SparseAdam does not support dense gradients, please consider Adam instead"
 """torch's error for a dense gradient."""
@@ -148,77 +145,3 @@ def sparse_adam(
         (tensor([ 0.9000, -2.0000,  3.1000]), tensor([ 0.0500,  0.0000, -0.0500]))
     """
     return SPARSE_ADAM.transform(lr=lr, betas=betas, eps=eps, maximize=maximize)
-
-
-class SparseAdam(Optimizer):
-    """Drop-in ``torch.optim.SparseAdam``: same arguments, errors, state keys and
-    ``state_dict`` format (its ``step`` a Python int, as torch keeps it), running
-    funcopt's `sparse_adam` math in place. Params must be dense and real, their
-    gradients sparse."""
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float | Tensor = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        maximize: bool = False,
-        *,
-        fused: bool | None = None,
-    ) -> None:
-        refuse(
-            "SparseAdam", "it steps on sparse gradients, which fused steps do not support (as torch's)", fused
-        )
-        super().__init__(params, SPARSE_ADAM, lr=lr, betas=betas, eps=eps, maximize=maximize)
-        # torch's checks of the params, after its construction
-        sparse_params, complex_params = [], []
-        for index, group in enumerate(self.param_groups):
-            for d_index, p in enumerate(group["params"]):
-                if p.is_sparse:
-                    sparse_params.append([index, d_index])
-                if p.is_complex():
-                    complex_params.append([index, d_index])
-        if sparse_params:
-            raise ValueError(
-                f"Sparse params at indices {sparse_params}: SparseAdam requires dense parameter tensors"
-            )
-        if complex_params:
-            raise ValueError(
-                f"Complex params at indices {complex_params}: SparseAdam does not support complex parameters"
-            )
-
-    def _new_state(self, p: Tensor, group: dict[str, Any]) -> dict[str, Any]:
-        state = super()._new_state(p, group)
-        state["step"] = 0  # torch counts in a Python int
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        # the base class turns counters saved as numbers into tensors, and gives a loaded
-        # group the flags it lacks: torch's SparseAdam does neither
-        numbers = [
-            (s, s["step"]) for s in state["state"].values() if "step" in s and not torch.is_tensor(s["step"])
-        ]
-        keys = [set(group) for group in state["param_groups"]]
-        super().__setstate__(state)
-        for s, step in numbers:
-            s["step"] = step
-        for group, loaded in zip(self.param_groups, keys):
-            for key in set(group) - loaded:
-                del group[key]
-
-    def _group_hyperparams(self, group: dict[str, Any]) -> dict[str, Any]:
-        return super()._group_hyperparams({"maximize": False, **group})  # torch's group.get
-
-    def _step_group(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> None:
-        if any(not g.is_sparse for g in grads):  # before any param changes
-            raise RuntimeError(DENSE_GRADIENT)
-        # the engine steps tensor counters: a Python step goes there and back, its type kept
-        states = [self.state[p] for p in params]
-        numbers = [(s, type(s["step"])) for s in states if not torch.is_tensor(s.get("step", 0.0))]
-        for s, _ in numbers:
-            s["step"] = torch.tensor(float(s["step"]), dtype=torch.float64)
-        try:
-            super()._step_group(group, params, grads)
-        finally:
-            for s, kind in numbers:
-                s["step"] = kind(s["step"].item())

@@ -270,6 +270,11 @@ def normalize(hyperparams: Hyperparams, pairs: Collection[str] = ()) -> Hyperpar
     return {k: one(k, v) for k, v in hyperparams.items()}
 
 
+REGISTRY: dict[str, Algorithm] = {}
+"""Every algorithm by its name, as registered when made (the torch face finds the algorithm
+of a torch.optim class here, by the class's name)."""
+
+
 @dataclass(frozen=True, eq=False)
 class Algorithm:
     """One torch.optim algorithm; ``algorithm(**hyperparams)`` is its pure transformation."""
@@ -310,6 +315,7 @@ class Algorithm:
         object.__setattr__(self, "pairs", tuple({**indexed, **dict.fromkeys(self.pairs)}))
         # a saved state loads with torch.load's default weights_only=True
         torch.serialization.add_safe_globals([self.state])
+        REGISTRY.setdefault(self.name, self)
 
     # -- checks ---------------------------------------------------------------
 

@@ -17,7 +17,6 @@ between the two faces mid-training and go on as if it had not:
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import optree
@@ -25,7 +24,7 @@ import torch
 from torch import Tensor
 
 from ..core.base import GradientTransformation, MaskedNode, Params, State, a_kind
-from ..engine.algorithm import Algorithm, normalize, torch_counter
+from ..engine.algorithm import REGISTRY, Algorithm, normalize, torch_counter
 from .adapter import IMPLEMENTATION_FLAGS, Optimizer
 from .state import _slots, _stored
 
@@ -272,17 +271,9 @@ class _Face:
 
 def _torch_algorithm(optimizer: torch.optim.Optimizer) -> Algorithm:
     """The funcopt algorithm of a torch.optim class (or of a subclass of one)."""
-    import funcopt
-
     for cls in type(optimizer).__mro__:
-        if getattr(torch.optim, cls.__name__, None) is not cls:
-            continue
-        twin = getattr(funcopt, cls.__name__, None)
-        if isinstance(twin, type) and issubclass(twin, Optimizer):
-            module = vars(sys.modules[twin.__module__]).values()
-            found = [a for a in module if isinstance(a, Algorithm) and a.name == cls.__name__]
-            if found:
-                return found[0]
+        if getattr(torch.optim, cls.__name__, None) is cls and cls.__name__ in REGISTRY:
+            return REGISTRY[cls.__name__]
     raise TypeError(
         f"functional state conversion takes funcopt's optimizers (fo.Adam, fo.Optimizer(params, tx), ...) "
         f"and torch.optim's classes of the algorithms funcopt has, which keep a state per param; got "
