@@ -28,6 +28,7 @@ from ._src.algorithms.rmsprop import RMSpropState, rmsprop
 from ._src.algorithms.rprop import RpropState, rprop
 from ._src.algorithms.sgd import SGDState, sgd
 from ._src.algorithms.sparse_adam import SparseAdamState, sparse_adam
+from ._src.core import public as _public
 from ._src.core.base import (
     EmptyState,
     GradientTransformation,
@@ -38,6 +39,7 @@ from ._src.core.base import (
     apply_updates,
     chain,
 )
+from ._src.core.hyperparams import ScheduledState
 from ._src.meta import inner_loop
 from ._src.torch.adapter import Optimizer
 from ._src.torch.classes import (
@@ -66,8 +68,6 @@ from ._src.transforms.clipping import clip_by_global_norm
 from ._src.transforms.masking import MaskedState, masked, partition
 from ._src.transforms.schedules import *  # noqa: F403  (each module lists its names in its __all__)
 from ._src.transforms.wrappers import *  # noqa: F403
-
-_moved.install()  # old module paths, for pickles made before the layers
 
 __version__ = "0.1.0"
 
@@ -107,6 +107,7 @@ __all__ = [
     "State",
     "SGD",
     "SGDState",
+    "ScheduledState",
     "SparseAdam",
     "SparseAdamState",
     "Updates",
@@ -137,3 +138,6 @@ __all__ = [
     *_transforms.__all__,
     *_wrappers.__all__,
 ]
+
+_moved.install()  # old module paths, for pickles made before the layers (first: it reads them)
+_public.publish(globals(), __all__)  # pickles name funcopt.AdamState, funcopt.adam(...)

@@ -70,3 +70,30 @@ def test_old_optimizers_load_and_step(path):
             o.step()
         for p, q in zip(params, twin_params):
             torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+def test_new_pickles_name_public_paths_only():
+    """A transformation, its state and a drop-in optimizer pickle under public names
+    (funcopt.adam(...), funcopt.AdamState, funcopt.Adam): no private module is named."""
+    import sys
+
+    sys.path.insert(0, str(FIXTURES))
+    try:
+        from make_pickles import transformations
+    finally:
+        sys.path.remove(str(FIXTURES))
+    params = {"w": torch.randn(3, 2), "b": torch.randn(2)}
+    for name, tx in transformations().items():
+        state = tx.init(params)
+        _, state = tx.update(optree.tree_map(torch.ones_like, params), state, params)
+        for what, obj in (("transformation", tx), ("state", state)):
+            blob = pickle.dumps(obj)
+            assert b"_src" not in blob, f"{name}'s {what} names a private module: {blob!r}"
+        copy_ = pickle.loads(pickle.dumps(tx))
+        same(copy_.update(optree.tree_map(torch.ones_like, params), state, params),
+             tx.update(optree.tree_map(torch.ones_like, params), state, params))  # fmt: skip
+    model = torch.nn.Linear(2, 2)
+    for opt in (fo.Adam(model.parameters()), fo.Optimizer(model.parameters(), fo.adam(lr=0.1))):
+        model(torch.ones(2)).sum().backward()
+        opt.step()
+        assert b"_src" not in pickle.dumps(opt)

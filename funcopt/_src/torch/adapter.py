@@ -39,7 +39,7 @@ from ..core.base import (
     StructureError,
     check_transformation,
 )
-from ..engine.algorithm import Algorithm, Hyperparams, normalize, torch_counter
+from ..engine.algorithm import REGISTRY, Algorithm, Hyperparams, normalize, torch_counter
 from ..transforms.wrappers import LookaheadState
 from . import chain_inplace, fused
 from .state import (
@@ -240,11 +240,16 @@ class Optimizer(torch.optim.Optimizer):
             ) from None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**super().__getstate__(), "_transform": self._transform}
+        transform: Any = self._transform
+        if isinstance(transform, Algorithm) and REGISTRY.get(transform.name) is transform:
+            transform = transform.name  # a built-in algorithm pickles by its name, not its module
+        return {**super().__getstate__(), "_transform": transform}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         if "_transform" not in state:  # load_state_dict: check before anything changes
             self._check_loaded(state["param_groups"], state["state"])
+        elif isinstance(state["_transform"], str):
+            state = {**state, "_transform": REGISTRY[state["_transform"]]}
         super().__setstate__(state)
         if "_transform" in state:  # unpickled
             self._factory_args = _factory_args(self._transform)

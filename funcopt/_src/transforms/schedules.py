@@ -23,6 +23,7 @@ rounding to the result's dtype at the end.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -188,6 +189,10 @@ class _Schedule:
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.args.items())
         return f"funcopt.{self.name}({args})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickles as the public factory's call (``funcopt.linear_schedule(...)``)."""
+        return (functools.partial(globals()[self.name], **self.args), ())
 
 
 def _device(tensors: Sequence[Tensor]) -> torch.device:

@@ -43,6 +43,7 @@ from ..core.hyperparams import (
     _tensors,
     _update,
 )
+from ..core.public import remember
 
 __all__ = [
     "ApplyIfFiniteState",
@@ -371,7 +372,7 @@ class MultiSteps:
         self._opt = opt
         self._every_k_schedule = every_k_schedule
         self._use_grad_mean = use_grad_mean
-        self._should_skip_update_fn = should_skip_update_fn or _no_skip
+        self._should_skip_update_fn = should_skip_update_fn  # None: never skip (pickles with no private name)
         self._accumulator_dtype = accumulator_dtype
 
     @property
@@ -386,7 +387,7 @@ class MultiSteps:
         return k.to(torch.int32) if isinstance(k, Tensor) else k
 
     def _skip(self, updates: Updates, gradient_step: Tensor, params: Params | None) -> tuple[Tensor, Any]:
-        skip, skip_state = self._should_skip_update_fn(updates, gradient_step, params)
+        skip, skip_state = (self._should_skip_update_fn or _no_skip)(updates, gradient_step, params)
         if not (isinstance(skip, Tensor) and skip.dtype == torch.bool and skip.shape == ()):
             what = (
                 f"dtype {skip.dtype} and shape {tuple(skip.shape)}"
@@ -577,8 +578,31 @@ def inject_hyperparams(
             f"of {name}, whose arguments are {list(signature.parameters)}"
         )
 
-    @functools.wraps(inner_factory)
-    def wrapped(*args: Any, **kwargs: Any) -> GradientTransformation:
+    return _InjectHyperparams(inner_factory, static_args, hyperparam_dtype, static, signature)
+
+
+class _InjectHyperparams:
+    """`inject_hyperparams`'s factory. It pickles as the call of `inject_hyperparams` that
+    made it, and its transformations as its calls."""
+
+    def __init__(
+        self,
+        inner_factory: Callable[..., GradientTransformation],
+        static_args: str | Collection[str],
+        hyperparam_dtype: torch.dtype | None,
+        static: set[str],
+        signature: inspect.Signature,
+    ) -> None:
+        self.given = (inner_factory, static_args, hyperparam_dtype)
+        self.inner_factory, self.static, self.signature = inner_factory, static, signature
+        functools.update_wrapper(self, inner_factory)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (inject_hyperparams, self.given)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> GradientTransformation:
+        inner_factory, static, signature = self.inner_factory, self.static, self.signature
+        name = getattr(inner_factory, "__name__", "the factory")
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError as e:
@@ -608,12 +632,12 @@ def inject_hyperparams(
         inner_factory(
             **fixed, **{k: _at(v, torch.zeros((), dtype=torch.int32)) for k, v in templates.items()}
         )
-        return GradientTransformation(
+        hyperparam_dtype = self.given[2]
+        tx = GradientTransformation(
             functools.partial(_inject_init, inner_factory, fixed, templates, floats, hyperparam_dtype),
             functools.partial(_inject_update, inner_factory, fixed, templates, floats, hyperparam_dtype),
         )
-
-    return wrapped
+        return remember(tx, self, args, kwargs)
 
 
 def _injected(
