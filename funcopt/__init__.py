@@ -13,6 +13,7 @@ Stateful API (subclasses of ``torch.optim.Optimizer``)::
     opt = fo.NAdam(model.parameters(), lr=2e-3)
 """
 
+from . import engine as engine  # the public way to write an optimizer: funcopt.engine
 from ._src import _moved
 from ._src.algorithms.adadelta import AdadeltaState, adadelta
 from ._src.algorithms.adafactor import AdafactorState, adafactor
@@ -21,6 +22,7 @@ from ._src.algorithms.adam import AdamState, AdamWState, adam, adamw
 from ._src.algorithms.adamax import AdamaxState, adamax
 from ._src.algorithms.asgd import ASGDState, asgd
 from ._src.algorithms.lbfgs import LBFGSState, lbfgs
+from ._src.algorithms.lion import LionState, lion
 from ._src.algorithms.muon import MuonState, muon
 from ._src.algorithms.nadam import NAdamState, nadam
 from ._src.algorithms.radam import RAdamState, radam
@@ -40,6 +42,7 @@ from ._src.core.base import (
     chain,
 )
 from ._src.core.hyperparams import ScheduledState
+from ._src.engine.algorithm import Algorithm, Bound
 from ._src.meta import inner_loop
 from ._src.torch.adapter import Optimizer
 from ._src.torch.classes import (
@@ -51,6 +54,7 @@ from ._src.torch.classes import (
     Adam,
     Adamax,
     AdamW,
+    Lion,
     Muon,
     NAdam,
     RAdam,
@@ -73,6 +77,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ASGD",
+    "Algorithm",
+    "Bound",
     "ASGDState",
     "Adadelta",
     "AdadeltaState",
@@ -90,6 +96,8 @@ __all__ = [
     "GradientTransformation",
     "LBFGS",
     "LBFGSState",
+    "Lion",
+    "LionState",
     "MaskedNode",
     "MaskedState",
     "Muon",
@@ -124,6 +132,7 @@ __all__ = [
     "functional_state",
     "inner_loop",
     "lbfgs",
+    "lion",
     "load_functional_state",
     "masked",
     "muon",
@@ -138,6 +147,7 @@ __all__ = [
     *_transforms.__all__,
     *_wrappers.__all__,
 ]
+
 
 _moved.install()  # old module paths, for pickles made before the layers (first: it reads them)
 _public.publish(globals(), __all__)  # pickles name funcopt.AdamState, funcopt.adam(...)

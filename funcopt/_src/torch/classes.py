@@ -15,6 +15,7 @@ from ..algorithms.adagrad import ADAGRAD
 from ..algorithms.adam import ADAM, ADAMW
 from ..algorithms.adamax import ADAMAX
 from ..algorithms.asgd import ASGD_
+from ..algorithms.lion import LION
 from ..algorithms.muon import DEFAULT_NS_COEFFICIENTS, MUON
 from ..algorithms.nadam import NADAM
 from ..algorithms.radam import RADAM
@@ -650,3 +651,35 @@ class SparseAdam(Optimizer):
         finally:
             for s, kind in numbers:
                 s["step"] = kind(s["step"].item())
+
+
+class Lion(Optimizer):
+    """Lion as a torch optimizer, with the constructor of the authors' PyTorch code (and
+    timm's): ``lr``, ``betas``, ``weight_decay`` (decoupled). Its state key is
+    ``exp_avg``; it runs funcopt's `lion` math in place."""
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float | Tensor = 1e-4,
+        betas: tuple[float | Tensor, float | Tensor] = (0.9, 0.99),
+        weight_decay: float = 0.0,
+        *,
+        maximize: bool = False,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+    ) -> None:
+        super().__init__(
+            params,
+            LION,
+            lr=lr,
+            betas=betas,
+            weight_decay=weight_decay,
+            maximize=maximize,
+            foreach=foreach,
+            capturable=capturable,
+            differentiable=differentiable,
+            **fused_flag(fused),
+        )
