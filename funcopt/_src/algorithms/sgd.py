@@ -22,13 +22,19 @@ from ..engine.ops import Coef, Ops, nonzero
 
 class SGDState(NamedTuple):
     """Per-param state with torch's key: the momentum buffer (an empty node without
-    momentum, and before the first step)."""
+    momentum; with dampening, also before the first step)."""
 
     momentum_buffer: Params
 
 
-def _initial(**_: Any) -> SGDState:
-    return SGDState(momentum_buffer=None)  # created at the first step
+def _initial(*, momentum: Coef = 0.0, dampening: Coef = 0.0, functional: bool = False, **_: Any) -> SGDState:
+    """torch makes the momentum buffer at the first step, a copy of the gradient. A
+    functional state holds it from init, as zeros, so that its structure never changes:
+    the first step from zeros, ``momentum * 0 + g``, is that copy exactly where dampening
+    is 0. With dampening, the first step must skip it, which zeros cannot tell: the
+    buffer is made at the first step there too."""
+    from_init = functional and nonzero(momentum) and not isinstance(dampening, Tensor) and dampening == 0
+    return SGDState(momentum_buffer=0.0 if from_init else None)
 
 
 def _creates(*, momentum: Coef, **_: Any) -> tuple[str, ...]:
@@ -113,8 +119,10 @@ def sgd(
         nesterov: Nesterov momentum (needs a momentum and zero dampening).
         maximize: maximize the objective instead of minimizing it.
 
-    The state's ``momentum_buffer`` is an empty node until the first update, which sets
-    it to a copy of the gradient, as torch's first step does.
+    With momentum, the state holds ``momentum_buffer`` from init on, as zeros, so that its
+    structure never changes (one compiled graph for every step); the first update makes
+    it a copy of the gradient, as torch's first step does. With dampening, which the first
+    step skips, it is an empty node until the first update.
 
     Example:
         >>> import torch, funcopt as fo

@@ -59,7 +59,7 @@ class MaskedNode(NamedTuple):
     output of ``torch.func.vmap``, ``grad`` and ``torch.compile`` (a None leaf is not).
     `masked` puts it where a param is outside the mask; an algorithm's state holds it
     for a key that torch.optim would not have for that param (Adam's ``max_exp_avg_sq``
-    without ``amsgrad``, SGD's ``momentum_buffer`` before the first step)."""
+    without ``amsgrad``, SGD's ``momentum_buffer`` without momentum)."""
 
 
 torch.serialization.add_safe_globals([EmptyState, MaskedNode])  # loads with torch.load(weights_only=True)

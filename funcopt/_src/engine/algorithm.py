@@ -353,7 +353,9 @@ class Algorithm:
 
     def init(self, hyperparams: Hyperparams, params: Params) -> State:
         (leaves,), unflatten = flatten_together(params)
-        initial = self.initial(**hyperparams)
+        # functional: a buffer that torch makes at the first step may start here, so that
+        # the state keeps one structure from init on (SGD's momentum_buffer, as zeros)
+        initial = self.initial(**hyperparams, functional=True)
         k = len(self.counters)
         # One counter per device and dtype, shared by the leaves. Its dtype is torch's
         # (the default dtype, see `scalar_dtype`), or float64 for float64 params: a float64

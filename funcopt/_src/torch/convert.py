@@ -9,8 +9,8 @@ between the two faces mid-training and go on as if it had not:
 - funcopt's classes (``fo.Adam``, ...) and torch.optim's classes of the same algorithms
   (``torch.optim.Adam``, ...): the state of ``fo.adam(...).init(params)``, the
   `AdamState` NamedTuple; a key that torch has not (yet) made for a param
-  (``max_exp_avg_sq`` without ``amsgrad``, SGD's ``momentum_buffer`` before the first
-  step) is a `MaskedNode`, and counters are as ``init`` makes them (0-d tensors on the
+  (``max_exp_avg_sq`` without ``amsgrad``) is a `MaskedNode`, but where ``init`` holds
+  it from the start (SGD's ``momentum_buffer``) it is what ``init`` makes; counters are as ``init`` makes them (0-d tensors on the
   param's device, float64 for float64 params) where torch keeps a float32 on the CPU.
 - ``fo.Optimizer(params, transform)``, any transformation: the state its ``init`` makes.
 """
@@ -94,8 +94,11 @@ def functional_state(optimizer: torch.optim.Optimizer, params: Params) -> State:
                     f"which {face.what} does not make (it makes {_listed(names)}): the state was "
                     "edited, or loaded from another optimizer"
                 )
+            fresh = _Fresh(face, group, p)
             for j, (name, per_param, leaf) in enumerate(slots):
                 value = _functional(stored.get(name), leaf["0"] if per_param else leaf, p)
+                if isinstance(value, MaskedNode) and per_param and isinstance(leaf["0"], Tensor):
+                    value = fresh.slot(j)  # torch makes it at the first step, init already (SGD's)
                 if per_param:
                     columns[j].append(value)
                 elif columns[j] is None:
@@ -326,6 +329,19 @@ def _functional(value: Any, expected: Any, p: Tensor) -> Any:
     if isinstance(expected, Tensor):  # a counter saved as a Python number (old checkpoints)
         return torch.tensor(value, dtype=dtype, device=p.device)
     return value
+
+
+class _Fresh:
+    """A param's slots as the transformation's init makes them, made once if asked for."""
+
+    def __init__(self, face: _Face, group: dict[str, Any], p: Tensor) -> None:
+        self.face, self.group, self.p = face, group, p
+        self.slots: list[tuple[str, bool, Any]] | None = None
+
+    def slot(self, j: int) -> Any:
+        if self.slots is None:
+            self.slots, _ = _slots(self.face.transform(self.group).init({"0": self.p.detach()}))
+        return self.slots[j][2]["0"]
 
 
 def _same(a: Any, b: Any) -> bool:
