@@ -163,8 +163,18 @@ def test_a_new_optimizers_state_is_init(name, source):
 
 
 def test_absent_keys_are_empty_nodes_both_ways():
+    """A key torch has not made is an empty node (SGD's momentum_buffer with dampening,
+    before the first step), unless init holds it from the start (SGD's without dampening:
+    init's zeros, which a step then reads as torch's first step)."""
     params = new_params("SGD")
-    sgd = torch.optim.SGD(params.values(), lr=0.1, momentum=0.9)
+    undamped = torch.optim.SGD(params.values(), lr=0.1, momentum=0.9)
+    assert_same(
+        fo.functional_state(undamped, params),
+        fo.sgd(lr=0.1, momentum=0.9).init(detached(params)),
+        rtol=0,
+        atol=0,
+    )
+    sgd = torch.optim.SGD(params.values(), lr=0.1, momentum=0.9, dampening=0.5)
     assert fo.functional_state(sgd, params).momentum_buffer == {k: fo.MaskedNode() for k in NAMES}
     class_steps(sgd, params, gradients("SGD", 1))
     state = fo.functional_state(sgd, params)
