@@ -277,7 +277,13 @@ of a torch.optim class here, by the class's name)."""
 
 @dataclass(frozen=True, eq=False)
 class Algorithm:
-    """One torch.optim algorithm; ``algorithm(**hyperparams)`` is its pure transformation."""
+    """An optimizer from its state, per-step scalars and per-tensor math, written once
+    (see ``docs/adding-an-algorithm.md``). ``algorithm.transform(**hyperparams)`` is its
+    pure transformation (range-checked; any hyperparameter may be a schedule), and
+    ``fo.Optimizer(params, algorithm, **defaults)`` its in-place torch optimizer.
+
+    The fields after ``bounds`` are optional declarations: see the guide's "More
+    declarations"."""
 
     name: str
     state: Any  # a NamedTuple class
