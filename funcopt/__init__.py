@@ -49,6 +49,10 @@ from ._src.sparse_adam import SparseAdam, SparseAdamState, sparse_adam
 from ._src.transforms import *  # noqa: F403
 from ._src.wrappers import *  # noqa: F403
 
+# isort: split
+# -- differentiable optimization at scale (issue 63) --
+from . import implicit, linear_solve
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -116,4 +120,7 @@ __all__ = [
     *_schedules.__all__,
     *_transforms.__all__,
     *_wrappers.__all__,
+    # -- differentiable optimization at scale (issue 63) --
+    "implicit",
+    "linear_solve",
 ]
