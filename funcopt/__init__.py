@@ -51,7 +51,7 @@ from ._src.wrappers import *  # noqa: F403
 
 # isort: split
 # -- differentiable optimization at scale (issue 63) --
-from . import implicit, linear_solve
+from . import distributed, implicit, linear_solve
 
 __version__ = "0.1.0"
 
@@ -121,6 +121,7 @@ __all__ = [
     *_transforms.__all__,
     *_wrappers.__all__,
     # -- differentiable optimization at scale (issue 63) --
+    "distributed",
     "implicit",
     "linear_solve",
 ]
