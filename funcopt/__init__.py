@@ -52,6 +52,7 @@ from ._src.wrappers import *  # noqa: F403
 # isort: split
 # -- differentiable optimization at scale (issue 63) --
 from . import distributed, implicit, linear_solve
+from ._src.scan_loop import scan_inner_loop
 
 __version__ = "0.1.0"
 
@@ -124,4 +125,5 @@ __all__ = [
     "distributed",
     "implicit",
     "linear_solve",
+    "scan_inner_loop",
 ]

@@ -114,9 +114,8 @@ def test_torch_func_raises():
 def test_double_backward_raises():
     params, batches = problem()
     adapted, _, _ = fo.inner_loop(loss_fn, params, fo.adam(lr=0.05), batches, checkpoint_every=2)
-    (g,) = torch.autograd.grad(loss_fn(adapted, *batches[0]), [params["2.bias"]], create_graph=True)
-    with pytest.raises(RuntimeError, match="once_differentiable"):
-        g.sum().backward()
+    with pytest.raises(RuntimeError, match="create_graph=True"):
+        torch.autograd.grad(loss_fn(adapted, *batches[0]), [params["2.bias"]], create_graph=True)
 
 
 def truncated_by_hand(lr, k, params, batches):

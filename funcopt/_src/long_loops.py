@@ -25,7 +25,6 @@ from typing import Any
 import optree
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 Step = Callable[[Any, Any, Any], tuple[Any, Any, Tensor]]
 """``step(params, state, batch) -> (params, state, loss)``: one step of the inner loop."""
@@ -157,8 +156,13 @@ class _Checkpoint(torch.autograd.Function):
         return outputs
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor | None, ...]:
+        if torch.is_grad_enabled():
+            raise RuntimeError(
+                "inner_loop(checkpoint_every=...): a backward pass with create_graph=True (to differentiate a "
+                "gradient again) cannot recompute the segments; use the plain loop (checkpoint_every=None) "
+                "for higher-order derivatives (its second-order meta-gradient needs no double backward)"
+            )
         segment: _Segment = ctx.segment
         wanted = ctx.needs_input_grad[1:]
         inputs = [
@@ -182,7 +186,9 @@ class _Checkpoint(torch.autograd.Function):
         return (None, *[next(found) if x.requires_grad else None for x in inputs])
 
 
-def _refuse_foreign_leaves(outputs: list[Tensor], own: list[Tensor]) -> None:
+def _refuse_foreign_leaves(
+    outputs: list[Tensor], own: list[Tensor], who: str = "inner_loop(checkpoint_every=...)"
+) -> None:
     """Raise if the graph of `outputs` reaches a tensor that requires grad other than
     `own`: its gradient would be lost (the Function returns gradients for its inputs)."""
     own_ids = {id(x) for x in own}
@@ -196,12 +202,12 @@ def _refuse_foreign_leaves(outputs: list[Tensor], own: list[Tensor]) -> None:
         if variable is not None:
             if id(variable) not in own_ids:
                 raise RuntimeError(
-                    "inner_loop(checkpoint_every=...): a step reads a tensor that requires grad but is not "
+                    f"{who}: a step reads a tensor that requires grad but is not "
                     f"in params, state or the batches (shape {tuple(variable.shape)}, dtype {variable.dtype}), "
                     "such as a tensor hyperparameter given to the transform or a tensor loss_fn reads from "
-                    "a closure. Its gradient would be lost in the recomputed segments. Put a differentiable "
+                    "a closure. Its gradient would be lost or wrong. Put a differentiable "
                     "hyperparameter in the state (fo.inject_hyperparams(fo.adam)(lr=lr)), pass other tensors "
-                    "in each batch, or use the plain loop (checkpoint_every=None)"
+                    "in each batch, or use the plain fo.inner_loop"
                 )
             continue
         stack.extend(fn for fn, _ in node.next_functions)
