@@ -14,7 +14,9 @@ run, rather than return a wrong number:
   hyperparameter held by the transform) would escape that guard: the loop refuses it
   (put it in the state with ``fo.inject_hyperparams``).
 - The carry's structure must stay the same from step to step.
-- Eagerly, scan traces its body at every call (seconds): compile the caller.
+- Eagerly, scan traces its body at every call (seconds). A compiled caller that also
+  takes a backward pass fails inside torch 2.13 ("scan might be aliasing the input or
+  the output", pytorch#195977), with the carry cloned as that issue suggests.
 """
 
 from __future__ import annotations
@@ -88,8 +90,9 @@ def scan_inner_loop(
     The same numbers as ``inner_loop(loss_fn, params, transform, batches)`` with
     ``batches[k] = tuple(x[k] for x in xs)``, differentiable by ``.backward()`` and
     ``torch.autograd.grad`` (second-order meta-gradients included). Under
-    ``torch.compile`` the step is traced once, whatever K; eagerly, torch's scan traces
-    it at every call, which takes seconds, so compile the function that calls it.
+    ``torch.compile`` the step is traced once, whatever K, but in torch 2.13 a compiled
+    caller that takes a backward pass fails inside torch (pytorch#195977); eagerly,
+    torch's scan traces the step at every call, which takes seconds.
 
     Args:
         loss_fn: ``loss_fn(params, *batch) -> scalar``.
