@@ -73,6 +73,11 @@ from ._src.transforms.masking import MaskedState, masked, partition
 from ._src.transforms.schedules import *  # noqa: F403  (each module lists its names in its __all__)
 from ._src.transforms.wrappers import *  # noqa: F403
 
+# isort: split
+# -- differentiable optimization at scale (issue 63) --
+from . import distributed, implicit, linear_solve
+from ._src.scan_loop import scan_inner_loop
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -146,6 +151,11 @@ __all__ = [
     *_schedules.__all__,
     *_transforms.__all__,
     *_wrappers.__all__,
+    # -- differentiable optimization at scale (issue 63) --
+    "distributed",
+    "implicit",
+    "linear_solve",
+    "scan_inner_loop",
 ]
 
 

@@ -12,7 +12,7 @@ from helpers import ALGORITHMS, factory
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [
-    "getting-started", "concepts", "recipes", "checkpoints", "distributed", "performance", "adding-an-algorithm", "api",
+    "getting-started", "concepts", "recipes", "long-inner-loops", "checkpoints", "distributed", "performance", "adding-an-algorithm", "api",
     "comparison", "coming-from-optax", "transforms", "schedules", "wrappers",
     "tutorials/drop_in_replacement", "tutorials/lr_sweep_vmap", "tutorials/maml_sinusoid",
     *(f"algorithms/{name.lower()}" for name in ALGORITHMS),

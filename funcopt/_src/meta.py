@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from .core.base import GradientTransformation, Params, State, apply_updates, check_transformation
+from .long_loops import run_long
 
 
 def inner_loop(
@@ -21,6 +22,8 @@ def inner_loop(
     state: State | None = None,
     *,
     first_order: bool = False,
+    checkpoint_every: int | None = None,
+    truncate: int | None = None,
 ) -> tuple[Params, State, list[Tensor]]:
     """Take one step of `transform` on ``loss_fn(params, *batch)`` for each batch.
 
@@ -48,6 +51,18 @@ def inner_loop(
             ``[(x, y)] * steps`` to take `steps` steps on the same batch.
         state: the transform's state to start from (default: ``transform.init(params)``).
         first_order: detach the inner gradients (first-order MAML).
+        checkpoint_every: keep only every n-th step's params and state for the backward
+            pass, and recompute the steps between them there: the same meta-gradient,
+            with memory for about ``K / n + n`` steps instead of K. For ``.backward()``
+            and ``torch.autograd.grad`` (not ``torch.func`` transforms, which raise an
+            error); every tensor that requires grad must reach the steps through
+            params, state or the batches (a tensor hyperparameter: by
+            ``fo.inject_hyperparams``), else the backward pass raises an error.
+        truncate: differentiate through the last `truncate` steps only (truncated
+            backpropagation): the steps before run without a graph, and the loop
+            continues from their detached params and state (their losses detached). A
+            state tensor those steps pass on unchanged, such as a hyperparameter that
+            ``fo.inject_hyperparams`` keeps in the state, keeps its graph.
 
     Returns:
         ``(params, state, losses)``: the adapted params, the final state, and the loss
@@ -69,8 +84,8 @@ def inner_loop(
     if state is None:
         state = transform.init(params)
     grad_and_loss = torch.func.grad_and_value(loss_fn)
-    losses = []
-    for batch in batches:
+
+    def step(params: Params, state: State, batch: tuple[Any, ...]) -> tuple[Params, State, Tensor]:
         if isinstance(batch, Tensor):  # unpacked, its rows would pass as arguments
             raise TypeError(
                 "inner_loop: each batch is a tuple of loss_fn's arguments after params, but got a "
@@ -80,6 +95,12 @@ def inner_loop(
         if first_order:
             grads = optree.tree_map(torch.Tensor.detach, grads)
         updates, state = transform.update(grads, state, params)
-        params = apply_updates(params, updates)
+        return apply_updates(params, updates), state, loss
+
+    if checkpoint_every is not None or truncate is not None:
+        return run_long(step, params, state, list(batches), checkpoint_every, truncate)
+    losses = []
+    for batch in batches:
+        params, state, loss = step(params, state, batch)
         losses.append(loss)
     return params, state, losses
