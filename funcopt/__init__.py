@@ -49,6 +49,12 @@ from ._src.sparse_adam import SparseAdam, SparseAdamState, sparse_adam
 from ._src.transforms import *  # noqa: F403
 from ._src.wrappers import *  # noqa: F403
 
+# --- optax's catalogue (issue 64): blocks, aliases, contrib optimizers
+from ._src import catalogue as _catalogue
+from ._src.catalogue import *  # noqa: F403
+
+# --- end of optax's catalogue
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -116,4 +122,6 @@ __all__ = [
     *_schedules.__all__,
     *_transforms.__all__,
     *_wrappers.__all__,
+    # --- optax's catalogue (issue 64)
+    *_catalogue.__all__,
 ]
