@@ -50,7 +50,9 @@ def grads_at(params: Any, step: int, lib: Any) -> Any:
     return {k: params[k] + (lib.asarray(noise[k].numpy()) if lib is jnp else noise[k]) for k in params}
 
 
-def run_both(tx: Any, otx: Any, with_value: bool = False, steps: int = STEPS, extra: Any = None) -> None:
+def run_both(
+    tx: Any, otx: Any, with_value: bool = False, steps: int = STEPS, extra: Any = None, tol: Any = None
+) -> None:
     """`steps` steps of each; params and updates compared at every step; the state's
     structure, shapes and dtypes at init and after steps 1-3 compared with init's."""
     params, oparams = tree(0), to_jax(tree(0))
@@ -69,10 +71,10 @@ def run_both(tx: Any, otx: Any, with_value: bool = False, steps: int = STEPS, ex
             assert structure(state) == spec, f"step {step + 1}: the state changed structure"
         for k in params:
             torch.testing.assert_close(
-                params[k], torch.from_numpy(np.array(oparams[k])), msg=lambda m, k=k, s=step: f"step {s}, {k}: {m}", **TOL
+                params[k], torch.from_numpy(np.array(oparams[k])), msg=lambda m, k=k, s=step: f"step {s}, {k}: {m}", **(tol or TOL)
             )
             torch.testing.assert_close(
-                updates[k], torch.from_numpy(np.array(oupdates[k])), msg=lambda m, k=k, s=step: f"step {s}, update {k}: {m}", **TOL
+                updates[k], torch.from_numpy(np.array(oupdates[k])), msg=lambda m, k=k, s=step: f"step {s}, update {k}: {m}", **(tol or TOL)
             )
 
 
@@ -131,3 +133,175 @@ def test_block_tensor_hyperparameters(case):
         optax.chain(getattr(optax, name)(**hp), optax.scale(-0.05)),
         steps=5,
     )
+
+
+SCALING: list[tuple[str, dict[str, Any]]] = [
+    ("scale_by_trust_ratio", {}),
+    ("scale_by_trust_ratio", {"min_norm": 0.5, "trust_coefficient": 0.1, "eps": 1e-3}),
+    ("scale_by_param_block_norm", {}),
+    ("scale_by_param_block_rms", {"min_scale": 0.5}),
+    ("normalize_by_update_norm", {"scale_factor": 2.0}),
+    ("scale_by_distance_over_gradients", {"param_dtype": "float64"}),
+    ("scale_by_distance_over_gradients", {"reps_rel": 1e-2, "global_scale": 0.5, "param_dtype": "float64"}),
+    ("scale_by_factored_rms", {"min_dim_size_to_factor": 2, "decay_rate_fn": "fixed"}),
+    ("scale_by_factored_rms", {"factored": False, "decay_rate_fn": "fixed", "step_offset": 2}),
+    ("scale_by_factored_rms", {"min_dim_size_to_factor": 2}),
+]
+
+
+def fixed_rate(i: Any, rate: Any) -> Any:
+    """A factored-rms decay both libraries compute in float64."""
+    return 1.0 - 0.5 * rate ** (i + 1.0)
+
+
+def in_lib(hp: dict[str, Any], lib: Any) -> dict[str, Any]:
+    out = dict(hp)
+    if "param_dtype" in out:
+        out["param_dtype"] = torch.float64 if lib is torch else jnp.float64
+    if out.get("decay_rate_fn") == "fixed":
+        out["decay_rate_fn"] = (
+            (lambda i, r: fixed_rate(i.double(), r)) if lib is torch else (lambda i, r: fixed_rate(i.astype(jnp.float64), r))
+        )
+    return out
+
+
+@pytest.mark.parametrize("case", SCALING, ids=map(case_id, SCALING))
+def test_scaling_block_matches_optax(case):
+    name, hp = case
+    tx, otx = getattr(fo, name)(**in_lib(hp, torch)), getattr(optax, name)(**in_lib(hp, jnp))
+    tol = {} if hp.get("decay_rate_fn") or name != "scale_by_factored_rms" else {"rtol": 1e-5, "atol": 1e-7}  # float32 decay, as optax
+    run_both(fo.chain(tx, fo.scale(-0.05)), optax.chain(otx, optax.scale(-0.05)), tol=tol)
+
+
+@pytest.mark.parametrize("variant", ["sps", "sps+"])
+def test_polyak_matches_optax(variant):
+    hp = {"f_min": 0.5, "max_learning_rate": 0.3, "eps": 1e-3, "variant": variant}
+    run_both(
+        fo.chain(fo.scale_by_polyak(**hp), fo.scale(-1.0)),
+        optax.chain(optax.scale_by_polyak(**hp), optax.scale(-1.0)),
+        with_value=True,
+    )
+
+
+def test_keep_params_nonnegative_matches_optax():
+    run_both(
+        fo.chain(fo.scale(-0.5), fo.keep_params_nonnegative()),
+        optax.chain(optax.scale(-0.5), optax.keep_params_nonnegative()),
+    )
+
+
+def test_apply_every_matches_optax():
+    run_both(fo.chain(fo.apply_every(3), fo.scale(-0.1)), optax.chain(optax.apply_every(3), optax.scale(-0.1)))
+
+
+def test_freeze_selective_multi_transform_match_optax():
+    mask = {"w": True, "b": False, "k": True}
+    labels = {"w": "a", "b": "b", "k": "b"}
+    run_both(
+        fo.chain(fo.freeze(mask), fo.scale_by_yogi(), fo.scale(-0.1)),
+        optax.chain(optax.freeze(mask), optax.scale_by_yogi(), optax.scale(-0.1)),
+    )
+    run_both(
+        fo.chain(fo.selective_transform(fo.scale_by_yogi(), freeze_mask=mask), fo.scale(-0.1)),
+        optax.chain(optax.selective_transform(optax.scale_by_yogi(), freeze_mask=mask), optax.scale(-0.1)),
+    )
+    run_both(
+        fo.multi_transform({"a": fo.scale_by_adan(), "b": fo.scale(-0.1)}, labels),
+        optax.multi_transform({"a": optax.scale_by_adan(), "b": optax.scale(-0.1)}, labels),
+    )
+
+
+def test_inject_stateful_hyperparams_matches_optax():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        otx = optax.inject_stateful_hyperparams(optax.scale_by_yogi)(b1=lambda c: 0.5 + 0.4 * 0.9**c, b2=0.99)
+    tx = fo.inject_stateful_hyperparams(fo.scale_by_yogi)(b1=lambda c: 0.5 + 0.4 * 0.9 ** c.double(), b2=0.99)
+    run_both(fo.chain(tx, fo.scale(-0.1)), optax.chain(otx, optax.scale(-0.1)))
+
+
+class LossScale:
+    """A stateful schedule: the step size follows the last loss (a `StatefulSchedule`)."""
+
+    def init(self) -> Any:
+        return torch.tensor(0.0, dtype=torch.float64)
+
+    def update(self, state: Any, value: Any = None, **extra: Any) -> Any:
+        return torch.as_tensor(value, dtype=torch.float64)
+
+    def __call__(self, state: Any, value: Any = None, **extra: Any) -> Any:
+        return -0.1 * (state if value is None else torch.as_tensor(value, dtype=torch.float64))
+
+
+def test_inject_stateful_schedule_sees_extra_args():
+    tx = fo.chain(fo.inject_stateful_hyperparams(fo.scale)(step_size=LossScale()))
+    g = [torch.ones(2, dtype=torch.float64)]
+    s = tx.init(g)
+    spec = structure(s)
+    u, s = tx.update(g, s, g, value=torch.tensor(3.0, dtype=torch.float64))
+    assert structure(s) == spec
+    torch.testing.assert_close(u[0], torch.full((2,), -0.3, dtype=torch.float64))
+    assert float(s[0].hyperparams_states["step_size"]) == 3.0
+
+
+def test_schedules_match_optax():
+    cases = [
+        ("warmup_constant_schedule", {"init_value": 0.1, "peak_value": 1.0, "warmup_steps": 7}),
+        ("piecewise_interpolate_schedule", {"interpolate_type": "linear", "init_value": 1.0, "boundaries_and_scales": {3: 0.5, 8: 2.0, 12: 0.1}}),
+        ("piecewise_interpolate_schedule", {"interpolate_type": "cosine", "init_value": 2.0, "boundaries_and_scales": {4: 0.5, 9: 0.2}}),
+        ("piecewise_interpolate_schedule", {"interpolate_type": "linear", "init_value": 2.0}),
+    ]
+    for name, hp in cases:
+        ours, theirs = getattr(fo, name)(**hp), getattr(optax, name)(**hp)
+        for c in range(16):
+            expected = float(theirs(jnp.asarray(c)))
+            assert ours(c) == pytest.approx(expected, rel=1e-12, abs=1e-15), (name, c)
+            assert float(ours(torch.tensor(c, dtype=torch.int32))) == pytest.approx(expected, rel=1e-6, abs=1e-7)  # float32
+
+
+def test_tree_updates_match_optax():
+    new, old = tree(1), tree(2)
+    for steps in (4, 5):
+        out = fo.periodic_update(new, old, torch.tensor(steps), 2)
+        ref = optax.periodic_update(to_jax(new), to_jax(old), jnp.asarray(steps), 2)
+        for k in new:
+            torch.testing.assert_close(out[k], torch.from_numpy(np.array(ref[k])))
+    out = fo.incremental_update(new, old, 0.3)
+    ref = optax.incremental_update(to_jax(new), to_jax(old), 0.3)
+    for k in new:
+        torch.testing.assert_close(out[k], torch.from_numpy(np.array(ref[k])), **TOL)
+    batched = {k: torch.stack([tree(i)[k] * (i + 0.1) for i in range(5)]) for k in SHAPES}
+    out, n = fo.per_example_global_norm_clip(batched, 3.0)
+    ref, on = optax.per_example_global_norm_clip(to_jax(batched), 3.0)
+    assert int(n) == int(on) and 0 < int(n) < 5
+    for k in batched:
+        torch.testing.assert_close(out[k], torch.from_numpy(np.array(ref[k])), **TOL)
+
+
+def test_snapshot_keeps_measurement():
+    tx = fo.chain(fo.snapshot("norm", lambda t: torch.sqrt(sum((x * x).sum() for x in t.values()))), fo.scale(-0.1))
+    params = tree(0)
+    s = tx.init(params)
+    spec = structure(s)
+    g = tree(5)
+    _, s = tx.update(g, s, params)
+    assert structure(s) == spec
+    torch.testing.assert_close(s[0].measurement["norm"], torch.sqrt(sum((x * x).sum() for x in g.values())))
+
+
+def test_add_noise_statistics_and_purity():
+    """The noise has the variance ``eta / count**gamma``; the same key gives the same noise."""
+    tx = fo.add_noise(eta=0.04, gamma=0.55, key=7)
+    g = {"a": torch.zeros(20000, dtype=torch.float64), "b": torch.zeros(3, 3, dtype=torch.float64)}
+    s0 = tx.init(g)
+    spec = structure(s0)
+    u1, s1 = tx.update(g, s0)
+    u2, s2 = tx.update(g, s1)
+    assert structure(s1) == structure(s2) == spec
+    assert abs(u1["a"].std().item() - 0.2) < 0.005 and abs(u1["a"].mean().item()) < 0.005
+    assert abs(u2["a"].std().item() - 0.2 / 2**0.275) < 0.005
+    assert not torch.equal(u1["a"], u2["a"]) and not torch.equal(u1["a"][:9], u1["b"].flatten())
+    torch.testing.assert_close(tx.update(g, s0)[0]["a"], u1["a"], rtol=0, atol=0)
+    batched = torch.func.vmap(lambda key: tx.update(g, s0._replace(rng_key=key))[0]["b"])(torch.arange(3))
+    assert batched.shape == (3, 3, 3) and not torch.equal(batched[0], batched[1])

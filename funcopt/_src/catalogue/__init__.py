@@ -2,8 +2,14 @@
 (optax's names, arguments and math), each alias a `chain` of public blocks."""
 
 from . import blocks as _blocks
+from . import combinators as _combinators
+from . import scaling as _scaling
 from .blocks import *  # noqa: F403
+from .combinators import *  # noqa: F403
+from .scaling import *  # noqa: F403
 
 __all__ = [
     *_blocks.__all__,
+    *_combinators.__all__,
+    *_scaling.__all__,
 ]
