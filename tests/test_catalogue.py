@@ -305,3 +305,41 @@ def test_add_noise_statistics_and_purity():
     torch.testing.assert_close(tx.update(g, s0)[0]["a"], u1["a"], rtol=0, atol=0)
     batched = torch.func.vmap(lambda key: tx.update(g, s0._replace(rng_key=key))[0]["b"])(torch.arange(3))
     assert batched.shape == (3, 3, 3) and not torch.equal(batched[0], batched[1])
+
+
+ALIASES: list[tuple[str, dict[str, Any]]] = [
+    ("adabelief", {"learning_rate": 0.01}),
+    ("adabelief", {"learning_rate": schedule, "nesterov": True}),
+    ("adamaxw", {"learning_rate": 0.01, "weight_decay": 0.1}),
+    ("adamaxw", {"learning_rate": 0.01, "mask": {"w": True, "b": False, "k": True}}),
+    ("adan", {"learning_rate": 0.01, "weight_decay": 0.05}),
+    ("amsgrad", {"learning_rate": schedule}),
+    ("fromage", {"learning_rate": 0.05}),
+    ("fromage", {"learning_rate": schedule}),
+    ("lamb", {"learning_rate": 0.01, "weight_decay": 0.1}),
+    ("lamb", {"learning_rate": schedule, "weight_decay": 0.1, "mask": {"w": True, "b": False, "k": True}}),
+    ("lars", {"learning_rate": 0.1, "weight_decay": 0.01}),
+    ("lars", {"learning_rate": 0.1, "weight_decay": 0.01, "nesterov": True, "trust_ratio_mask": {"w": True, "b": False, "k": True}}),
+    ("nadamw", {"learning_rate": 0.01, "weight_decay": 0.1}),
+    ("novograd", {"learning_rate": 0.01, "weight_decay": 0.1}),
+    ("optimistic_gradient_descent", {"learning_rate": 0.01, "alpha": 0.5, "beta": 2.0}),
+    ("optimistic_adam", {"learning_rate": 0.01}),
+    ("optimistic_adam", {"learning_rate": 0.01, "optimism": 0.1, "nesterov": False}),
+    ("polyak_sgd", {"max_learning_rate": 0.5, "f_min": 0.2}),
+    ("polyak_sgd", {"scaling": schedule, "variant": "sps+", "eps": 1e-3}),
+    ("sign_sgd", {"learning_rate": 0.01}),
+    ("signum", {"learning_rate": 0.01}),
+    ("sm3", {"learning_rate": 0.1}),
+    ("yogi", {"learning_rate": 0.01}),
+]
+
+
+@pytest.mark.parametrize("case", ALIASES, ids=map(case_id, ALIASES))
+def test_alias_matches_optax(case):
+    import warnings
+
+    name, hp = case
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        tx, otx = both(name, **hp)
+    run_both(tx, otx, with_value=name == "polyak_sgd")
