@@ -343,3 +343,36 @@ def test_alias_matches_optax(case):
         warnings.simplefilter("ignore", DeprecationWarning)
         tx, otx = both(name, **hp)
     run_both(tx, otx, with_value=name == "polyak_sgd")
+
+
+def quarter(count: Any) -> Any:
+    return (count.double() if isinstance(count, torch.Tensor) else count) ** 0.25
+
+
+CONTRIB: list[tuple[str, dict[str, Any]]] = [
+    ("adopt", {"learning_rate": 0.01}),
+    ("adopt", {"learning_rate": schedule, "nesterov": True, "b2": 0.9}),
+    ("adopt", {"learning_rate": 0.01, "use_clipping": False}),
+    ("ademamix", {"learning_rate": 0.01, "weight_decay": 0.1}),
+    ("ademamix", {"learning_rate": 0.01, "b3": schedule, "alpha": schedule, "eps_root": 1e-4}),
+    ("simplified_ademamix", {"learning_rate": 0.01, "alpha": 2.0, "weight_decay": 0.1}),
+    ("simplified_ademamix", {"learning_rate": schedule, "alpha": schedule}),
+    ("cocob", {}),
+    ("cocob", {"learning_rate": 0.5, "alpha": 10.0, "weight_decay": 0.01}),
+    ("dog", {}),
+    ("dog", {"init_step": ("learning_rate", 0.01), "weight_decay": 0.01}),
+    ("dog", {"init_step": ("distance", 0.1), "learning_rate": schedule}),
+    ("dowg", {}),
+    ("dowg", {"init_estim_sq_dist": 0.1, "weight_decay": 0.01, "learning_rate": 0.5}),
+    ("madgrad", {"learning_rate": 0.01}),
+    ("madgrad", {"learning_rate": schedule, "momentum": 0.5, "weight_decay": 0.1}),
+]
+
+
+@pytest.mark.parametrize("case", CONTRIB, ids=map(case_id, CONTRIB))
+def test_contrib_matches_optax(case):
+    name, hp = case
+    tx, otx = both(name, **hp)
+    # optax takes MADGRAD's sqrt(k + 1) in float32, funcopt in float64
+    tol = {"rtol": 1e-5, "atol": 1e-7} if name == "madgrad" else None
+    run_both(tx, otx, with_value=name in ("momo", "momo_adam", "reduce_on_plateau"), tol=tol)

@@ -4,15 +4,18 @@
 from . import aliases as _aliases
 from . import blocks as _blocks
 from . import combinators as _combinators
+from . import contrib as _contrib
 from . import scaling as _scaling
 from .aliases import *  # noqa: F403
 from .blocks import *  # noqa: F403
 from .combinators import *  # noqa: F403
+from .contrib import *  # noqa: F403
 from .scaling import *  # noqa: F403
 
 __all__ = [
     *_aliases.__all__,
     *_blocks.__all__,
     *_combinators.__all__,
+    *_contrib.__all__,
     *_scaling.__all__,
 ]
