@@ -1,11 +1,13 @@
 """optax's catalogue beyond torch.optim: its blocks, aliases and contrib optimizers
 (optax's names, arguments and math), each alias a `chain` of public blocks."""
 
+from . import adaptive as _adaptive
 from . import aliases as _aliases
 from . import blocks as _blocks
 from . import combinators as _combinators
 from . import contrib as _contrib
 from . import scaling as _scaling
+from .adaptive import *  # noqa: F403
 from .aliases import *  # noqa: F403
 from .blocks import *  # noqa: F403
 from .combinators import *  # noqa: F403
@@ -13,6 +15,7 @@ from .contrib import *  # noqa: F403
 from .scaling import *  # noqa: F403
 
 __all__ = [
+    *_adaptive.__all__,
     *_aliases.__all__,
     *_blocks.__all__,
     *_combinators.__all__,
