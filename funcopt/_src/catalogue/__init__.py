@@ -7,12 +7,14 @@ from . import blocks as _blocks
 from . import combinators as _combinators
 from . import contrib as _contrib
 from . import scaling as _scaling
+from . import second_order as _second_order
 from .adaptive import *  # noqa: F403
 from .aliases import *  # noqa: F403
 from .blocks import *  # noqa: F403
 from .combinators import *  # noqa: F403
 from .contrib import *  # noqa: F403
 from .scaling import *  # noqa: F403
+from .second_order import *  # noqa: F403
 
 __all__ = [
     *_adaptive.__all__,
@@ -21,4 +23,5 @@ __all__ = [
     *_combinators.__all__,
     *_contrib.__all__,
     *_scaling.__all__,
+    *_second_order.__all__,
 ]
