@@ -32,8 +32,17 @@ def schedule(count: Any) -> Any:
 
 
 def tree(seed: int, scale: float = 1.0) -> dict[str, torch.Tensor]:
+    return dict(_tree(seed, scale))  # made once (also outside vmap, where randn may not run)
+
+
+@functools.lru_cache(maxsize=None)
+def _tree(seed: int, scale: float) -> tuple[tuple[str, torch.Tensor], ...]:
     g = torch.Generator().manual_seed(seed)
-    return {k: scale * torch.randn(s, generator=g, dtype=torch.float64) for k, s in SHAPES.items()}
+    return tuple((k, scale * torch.randn(s, generator=g, dtype=torch.float64)) for k, s in SHAPES.items())
+
+
+for _seed in [0, *range(100, 180)]:
+    tree(_seed, 1.0 if _seed == 0 else 0.5)
 
 
 def to_jax(t: Any) -> Any:
@@ -452,3 +461,121 @@ def test_sam_opaque_matches_optax(sync_period):
         return lambda p, i: grads_at(p, 50 + step + i, lib)
 
     run_both(tx, otx, extra=lambda params, step, lib: {"grad_fn": grad_fn(lib, step)})
+
+
+# ---------------------------------------------------------------- torch.func, compile, masks
+
+
+def _extra(name: str) -> Any:
+    def make(params: Any, step: int, lib: Any) -> dict[str, Any]:
+        if name in ("polyak_sgd", "momo", "momo_adam", "reduce_on_plateau", "scale_by_polyak"):
+            return {"value": loss(params, lib)}
+        if name == "sophia":
+            return {"obj_fn": obj_fn(lib)}
+        if name == "sam":
+            return {"grad_fn": lambda p, i: grads_at(p, 50 + step + i, lib)}
+        return {}
+
+    return make
+
+
+def build(name: str, lr: Any) -> Any:
+    """`name` with the learning rate `lr` (a number or a 0-d tensor)."""
+    blocks = {n for n, _ in BLOCKS + SCALING} | {"scale_by_polyak", "add_noise"}
+    if name in blocks:
+        block = fo.add_noise(0.01, 0.55) if name == "add_noise" else getattr(fo, name)()
+        return fo.chain(block, fo.scale(-lr))
+    if name == "sam":
+        return fo.sam(fo.adabelief(lr), fo.chain(fo.normalize(), fo.scale(-0.1)), opaque_mode=True)
+    if name == "sm3":
+        return fo.sm3(lr)
+    if name == "reduce_on_plateau":
+        return fo.chain(fo.scale(-lr), fo.reduce_on_plateau(patience=1))
+    if name in ("polyak_sgd",):
+        return fo.polyak_sgd(max_learning_rate=lr)
+    if name in ("optimistic_adam",):
+        return fo.optimistic_adam(lr)
+    return getattr(fo, name)(learning_rate=lr)
+
+
+ALL = sorted(
+    {n for n, _ in BLOCKS + SCALING + ALIASES + CONTRIB} | {"scale_by_polyak", "add_noise", "sophia", "sam"}
+)
+
+
+def steps_of(tx: Any, name: str, params: Any, n: int = 3) -> Any:
+    state = tx.init(params)
+    for step in range(n):
+        updates, state = tx.update(grads_at(params, step, torch), state, params, **_extra(name)(params, step, torch))
+        params = fo.apply_updates(params, updates)
+    return params, state
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_vmap_over_learning_rate(name):
+    """A vmap over learning rates equals the loop of runs, state structure included."""
+    lrs = torch.tensor([0.01, 0.03], dtype=torch.float64)
+    batched = torch.func.vmap(lambda lr: steps_of(build(name, lr), name, tree(0)))(lrs)
+    for i in range(2):
+        single = steps_of(build(name, float(lrs[i])), name, tree(0))
+        for a, b in zip(optree.tree_leaves(batched[0]), optree.tree_leaves(single[0])):
+            torch.testing.assert_close(a[i], b, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["lamb", "prodigy", "adan", "momo", "scale_by_sm3", "sophia"])
+def test_grad_through_steps(name):
+    """torch.func.grad of the loss after 3 steps with respect to the learning rate."""
+
+    def final_loss(lr: Any) -> Any:
+        return loss(steps_of(build(name, lr), name, tree(0))[0], torch)
+
+    g = torch.func.grad(final_loss)(torch.tensor(0.02, dtype=torch.float64))
+    eps = 1e-6
+    numeric = (final_loss(torch.tensor(0.02 + eps, dtype=torch.float64)) - final_loss(torch.tensor(0.02 - eps, dtype=torch.float64))) / (2 * eps)
+    assert torch.isfinite(g)
+    torch.testing.assert_close(g, numeric, rtol=1e-4, atol=1e-8)
+
+
+@pytest.mark.parametrize("name", ["adabelief", "scale_by_novograd", "lars", "dadapt_adamw", "momo", "scale_by_sm3"])
+def test_masked_and_none_leaves(name):
+    """Under masked (MaskedNode in the state) and with a None gradient, the state keeps
+    its structure and the masked-out leaves pass through."""
+    tx = fo.masked(build(name, 0.02), {"w": True, "b": False, "k": True})
+    params = tree(0)
+    state = tx.init(params)
+    spec = structure(state)
+    for step in range(2):
+        grads = grads_at(params, step, torch)
+        updates, state = tx.update(grads, state, params, **_extra(name)(params, step, torch))
+        assert structure(state) == spec
+        torch.testing.assert_close(updates["b"], grads["b"])
+    if name in ("adabelief", "scale_by_novograd", "lars"):
+        tx = build(name, 0.02)
+        state = tx.init(params)
+        grads = {**grads_at(params, 0, torch), "b": None}
+        updates, new = tx.update(grads, state, params)
+        assert updates["b"] is None and structure(new) == structure(state)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["lamb", "prodigy", "sophia", "reduce_on_plateau"])
+def test_compiled_step_fullgraph(name):
+    tx = build(name, 0.02)
+    params = tree(0)
+    extra = _extra(name)(params, 0, torch)
+
+    def step(grads: Any, state: Any, params: Any, **kw: Any) -> Any:
+        return tx.update(grads, state, params, **kw)
+
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    state = tx.init(params)
+    for s in range(2):
+        grads = grads_at(params, s, torch)
+        kw = {k: v for k, v in extra.items() if k != "obj_fn"}
+        if "obj_fn" in extra:
+            out, ref = compiled(grads, state, params, obj_fn=extra["obj_fn"]), step(grads, state, params, **extra)
+        else:
+            out, ref = compiled(grads, state, params, **kw), step(grads, state, params, **kw)
+        for a, b in zip(optree.tree_leaves(out), optree.tree_leaves(ref)):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+        state = ref[1]

@@ -354,7 +354,7 @@ def optimistic_adam(
         >>> import torch, funcopt as fo
         >>> tx = fo.optimistic_adam(0.1)
         >>> tx.update([torch.tensor([2.0])], tx.init([torch.zeros(1)]))[0]
-        [tensor([-0.1000])]
+        [tensor([-0.1474])]
     """
     if callable(learning_rate):
         raise ValueError("optimistic_adam does not take a learning rate schedule (as optax's); pass a number")

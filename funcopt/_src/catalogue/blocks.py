@@ -585,9 +585,11 @@ def _sm3_update(
     who = "scale_by_sm3 update"
     _check_state(state, ScaleBySM3State, who)
     (gs, nus), unflatten = flatten_together(updates, state.nu, names=(f"{who}: updates", "state.nu"))
-    mu_lists, mu_def = optree.tree_flatten(state.mu, is_leaf=_is_list)
-    if len(mu_lists) != len(gs):
-        raise ValueError(f"{who}: the updates do not have the structure of the state; pass the state init returned")
+    treedef = optree.tree_structure(updates, none_is_leaf=True)
+    try:  # a list of per-dimension vectors where the updates have a leaf
+        mu_lists = treedef.flatten_up_to(state.mu)
+    except ValueError as e:
+        raise ValueError(f"{who}: state.mu does not have the structure of the updates ({e})") from None
     out, new_mu, new_nu = list(gs), list(mu_lists), list(nus)
     for i, g in enumerate(gs):
         if g is None:
@@ -606,11 +608,7 @@ def _sm3_update(
             new_mu[i] = [accum]
         else:
             new_mu[i] = [torch.amax(accum, dim=[d for d in range(g.ndim) if d != k]) for k in range(g.ndim)]
-    return unflatten(out), ScaleBySM3State(mu_def.unflatten(new_mu), unflatten(new_nu))
-
-
-def _is_list(x: Any) -> bool:
-    return isinstance(x, list)
+    return unflatten(out), ScaleBySM3State(unflatten(new_mu), unflatten(new_nu))
 
 
 @accepts_schedules

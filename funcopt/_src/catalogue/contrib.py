@@ -296,7 +296,7 @@ def scale_by_simplified_ademamix(
         >>> tx = fo.scale_by_simplified_ademamix(eps=0.0)
         >>> g = [torch.tensor([2.0])]
         >>> tx.update(g, tx.init(g))[0]
-        [tensor([1.])]
+        [tensor([1.0000])]
     """
     return GradientTransformation(
         _simplified_init, functools.partial(_simplified_update, b1, b2, alpha, eps, eps_root)

@@ -93,7 +93,7 @@ def scale_by_trust_ratio(
         >>> import torch, funcopt as fo
         >>> tx = fo.scale_by_trust_ratio()
         >>> tx.update([torch.tensor([3.0, 4.0])], fo.EmptyState(), [torch.tensor([0.0, 10.0])])[0]
-        [tensor([ 6.,  8.])]
+        [tensor([6., 8.])]
     """
     return GradientTransformation(
         empty_init, functools.partial(_trust_ratio_update, min_norm, trust_coefficient, eps)
