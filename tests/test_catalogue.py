@@ -35,7 +35,7 @@ def tree(seed: int, scale: float = 1.0) -> dict[str, torch.Tensor]:
     return dict(_tree(seed, scale))  # made once (also outside vmap, where randn may not run)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tree(seed: int, scale: float) -> tuple[tuple[str, torch.Tensor], ...]:
     g = torch.Generator().manual_seed(seed)
     return tuple((k, scale * torch.randn(s, generator=g, dtype=torch.float64)) for k, s in SHAPES.items())
@@ -81,7 +81,10 @@ def run_both(
             assert structure(state) == spec, f"step {step + 1}: the state changed structure"
         for k in params:
             torch.testing.assert_close(
-                params[k], torch.from_numpy(np.array(oparams[k])), msg=lambda m, k=k, s=step: f"step {s}, {k}: {m}", **(tol or TOL)
+                params[k],
+                torch.from_numpy(np.array(oparams[k])),
+                msg=lambda m, k=k, s=step: f"step {s}, {k}: {m}",
+                **(tol or TOL),
             )
             # updates: relative to the largest (an element near zero is a difference of rounded terms)
             expected = torch.from_numpy(np.array(oupdates[k]))
@@ -117,7 +120,10 @@ BLOCKS: list[tuple[str, dict[str, Any]]] = [
     ("scale_by_novograd", {}),
     ("scale_by_novograd", {"weight_decay": 0.1, "b2": 0.5}),
     ("scale_by_stddev", {}),
-    ("scale_by_stddev", {"decay": 0.8, "eps": 1e-2, "eps_in_sqrt": False, "bias_correction": True, "initial_scale": 1.0}),
+    (
+        "scale_by_stddev",
+        {"decay": 0.8, "eps": 1e-2, "eps_in_sqrt": False, "bias_correction": True, "initial_scale": 1.0},
+    ),
     ("scale_by_rss", {}),
     ("scale_by_sm3", {}),
     ("scale_by_sm3", {"b1": 0.5, "b2": 0.9}),
@@ -174,7 +180,9 @@ def in_lib(hp: dict[str, Any], lib: Any) -> dict[str, Any]:
         out["param_dtype"] = torch.float64 if lib is torch else jnp.float64
     if out.get("decay_rate_fn") == "fixed":
         out["decay_rate_fn"] = (
-            (lambda i, r: fixed_rate(i.double(), r)) if lib is torch else (lambda i, r: fixed_rate(i.astype(jnp.float64), r))
+            (lambda i, r: fixed_rate(i.double(), r))
+            if lib is torch
+            else (lambda i, r: fixed_rate(i.astype(jnp.float64), r))
         )
     return out
 
@@ -183,7 +191,9 @@ def in_lib(hp: dict[str, Any], lib: Any) -> dict[str, Any]:
 def test_scaling_block_matches_optax(case):
     name, hp = case
     tx, otx = getattr(fo, name)(**in_lib(hp, torch)), getattr(optax, name)(**in_lib(hp, jnp))
-    tol = {} if hp.get("decay_rate_fn") or name != "scale_by_factored_rms" else {"rtol": 1e-5, "atol": 1e-7}  # float32 decay, as optax
+    tol = (
+        {} if hp.get("decay_rate_fn") or name != "scale_by_factored_rms" else {"rtol": 1e-5, "atol": 1e-7}
+    )  # float32 decay, as optax
     run_both(fo.chain(tx, fo.scale(-0.05)), optax.chain(otx, optax.scale(-0.05)), tol=tol)
 
 
@@ -205,7 +215,9 @@ def test_keep_params_nonnegative_matches_optax():
 
 
 def test_apply_every_matches_optax():
-    run_both(fo.chain(fo.apply_every(3), fo.scale(-0.1)), optax.chain(optax.apply_every(3), optax.scale(-0.1)))
+    run_both(
+        fo.chain(fo.apply_every(3), fo.scale(-0.1)), optax.chain(optax.apply_every(3), optax.scale(-0.1))
+    )
 
 
 def test_freeze_selective_multi_transform_match_optax():
@@ -262,8 +274,18 @@ def test_inject_stateful_schedule_sees_extra_args():
 def test_schedules_match_optax():
     cases = [
         ("warmup_constant_schedule", {"init_value": 0.1, "peak_value": 1.0, "warmup_steps": 7}),
-        ("piecewise_interpolate_schedule", {"interpolate_type": "linear", "init_value": 1.0, "boundaries_and_scales": {3: 0.5, 8: 2.0, 12: 0.1}}),
-        ("piecewise_interpolate_schedule", {"interpolate_type": "cosine", "init_value": 2.0, "boundaries_and_scales": {4: 0.5, 9: 0.2}}),
+        (
+            "piecewise_interpolate_schedule",
+            {
+                "interpolate_type": "linear",
+                "init_value": 1.0,
+                "boundaries_and_scales": {3: 0.5, 8: 2.0, 12: 0.1},
+            },
+        ),
+        (
+            "piecewise_interpolate_schedule",
+            {"interpolate_type": "cosine", "init_value": 2.0, "boundaries_and_scales": {4: 0.5, 9: 0.2}},
+        ),
         ("piecewise_interpolate_schedule", {"interpolate_type": "linear", "init_value": 2.0}),
     ]
     for name, hp in cases:
@@ -271,7 +293,9 @@ def test_schedules_match_optax():
         for c in range(16):
             expected = float(theirs(jnp.asarray(c)))
             assert ours(c) == pytest.approx(expected, rel=1e-12, abs=1e-15), (name, c)
-            assert float(ours(torch.tensor(c, dtype=torch.int32))) == pytest.approx(expected, rel=1e-6, abs=1e-7)  # float32
+            assert float(ours(torch.tensor(c, dtype=torch.int32))) == pytest.approx(
+                expected, rel=1e-6, abs=1e-7
+            )  # float32
 
 
 def test_tree_updates_match_optax():
@@ -294,7 +318,9 @@ def test_tree_updates_match_optax():
 
 
 def test_snapshot_keeps_measurement():
-    tx = fo.chain(fo.snapshot("norm", lambda t: torch.sqrt(sum((x * x).sum() for x in t.values()))), fo.scale(-0.1))
+    tx = fo.chain(
+        fo.snapshot("norm", lambda t: torch.sqrt(sum((x * x).sum() for x in t.values()))), fo.scale(-0.1)
+    )
     params = tree(0)
     s = tx.init(params)
     spec = structure(s)
@@ -333,7 +359,15 @@ ALIASES: list[tuple[str, dict[str, Any]]] = [
     ("lamb", {"learning_rate": 0.01, "weight_decay": 0.1}),
     ("lamb", {"learning_rate": schedule, "weight_decay": 0.1, "mask": {"w": True, "b": False, "k": True}}),
     ("lars", {"learning_rate": 0.1, "weight_decay": 0.01}),
-    ("lars", {"learning_rate": 0.1, "weight_decay": 0.01, "nesterov": True, "trust_ratio_mask": {"w": True, "b": False, "k": True}}),
+    (
+        "lars",
+        {
+            "learning_rate": 0.1,
+            "weight_decay": 0.01,
+            "nesterov": True,
+            "trust_ratio_mask": {"w": True, "b": False, "k": True},
+        },
+    ),
     ("nadamw", {"learning_rate": 0.01, "weight_decay": 0.1}),
     ("novograd", {"learning_rate": 0.01, "weight_decay": 0.1}),
     ("optimistic_gradient_descent", {"learning_rate": 0.01, "alpha": 0.5, "beta": 2.0}),
@@ -381,17 +415,40 @@ CONTRIB: list[tuple[str, dict[str, Any]]] = [
     ("madgrad", {"learning_rate": 0.01}),
     ("madgrad", {"learning_rate": schedule, "momentum": 0.5, "weight_decay": 0.1}),
     ("dadapt_adamw", {}),
-    ("dadapt_adamw", {"learning_rate": schedule, "betas": (0.8, 0.99), "weight_decay": 0.1, "estim_lr0": 1e-3}),
+    (
+        "dadapt_adamw",
+        {"learning_rate": schedule, "betas": (0.8, 0.99), "weight_decay": 0.1, "estim_lr0": 1e-3},
+    ),
     ("prodigy", {}),
     ("prodigy", {"learning_rate": schedule, "beta3": 0.9, "weight_decay": 0.1, "estim_lr_coef": 0.5}),
     ("prodigy", {"safeguard_warmup": True, "estim_lr0": 1e-3}),
     ("momo", {}),
-    ("momo", {"learning_rate": 0.5, "beta": 0.5, "lower_bound": 0.5, "weight_decay": 0.1, "adapt_lower_bound": True}),
+    (
+        "momo",
+        {
+            "learning_rate": 0.5,
+            "beta": 0.5,
+            "lower_bound": 0.5,
+            "weight_decay": 0.1,
+            "adapt_lower_bound": True,
+        },
+    ),
     ("momo", {"learning_rate": schedule, "adapt_lower_bound": True}),
     ("momo_adam", {}),
     ("momo_adam", {"learning_rate": 0.1, "lower_bound": 1.0, "weight_decay": 0.1, "adapt_lower_bound": True}),
     ("reduce_on_plateau", {"patience": 2}),
-    ("reduce_on_plateau", {"factor": 0.5, "patience": 1, "cooldown": 2, "accumulation_size": 2, "min_scale": 0.1, "rtol": 0.0, "atol": 0.5}),
+    (
+        "reduce_on_plateau",
+        {
+            "factor": 0.5,
+            "patience": 1,
+            "cooldown": 2,
+            "accumulation_size": 2,
+            "min_scale": 0.1,
+            "rtol": 0.0,
+            "atol": 0.5,
+        },
+    ),
 ]
 
 
@@ -416,7 +473,14 @@ def obj_fn(lib: Any) -> Any:
     return OBJ_FN[lib]
 
 
-@pytest.mark.parametrize("hp", [{}, {"update_interval": 3, "clip_threshold": 0.5, "weight_decay": 0.0}, {"learning_rate": schedule, "clip_threshold": None, "gamma": 0.5}])
+@pytest.mark.parametrize(
+    "hp",
+    [
+        {},
+        {"update_interval": 3, "clip_threshold": 0.5, "weight_decay": 0.0},
+        {"learning_rate": schedule, "clip_threshold": None, "gamma": 0.5},
+    ],
+)
 def test_sophia_matches_optax(hp):
     hp = {"learning_rate": 0.05, **hp}
     tx, otx = both("sophia", **hp)
@@ -436,7 +500,9 @@ def test_sophia_under_vmap_takes_both_sides():
     fn = obj_fn(torch)
     eager = [tx.update(g, s, params, obj_fn=fn)]
     eager.append(tx.update(g, eager[0][1], params, obj_fn=fn))
-    batched = torch.func.vmap(lambda lr: tx.update(g, eager[0][1], params, obj_fn=fn)[0]["w"] * lr)(torch.ones(2, dtype=torch.float64))
+    batched = torch.func.vmap(lambda lr: tx.update(g, eager[0][1], params, obj_fn=fn)[0]["w"] * lr)(
+        torch.ones(2, dtype=torch.float64)
+    )
     torch.testing.assert_close(batched[0], eager[1][0]["w"])
 
 
@@ -447,15 +513,32 @@ def test_sam_transparent_matches_optax(sync_period, reset):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tx = fo.sam(fo.adabelief(0.05), fo.chain(fo.normalize(), fo.scale(-0.1)), sync_period=sync_period, reset_state=reset)
-        otx = optax.contrib.sam(optax.adabelief(0.05), optax.chain(optax.contrib.normalize(), optax.sgd(0.1)), sync_period=sync_period, reset_state=reset)
+        tx = fo.sam(
+            fo.adabelief(0.05),
+            fo.chain(fo.normalize(), fo.scale(-0.1)),
+            sync_period=sync_period,
+            reset_state=reset,
+        )
+        otx = optax.contrib.sam(
+            optax.adabelief(0.05),
+            optax.chain(optax.contrib.normalize(), optax.sgd(0.1)),
+            sync_period=sync_period,
+            reset_state=reset,
+        )
     run_both(tx, otx)
 
 
 @pytest.mark.parametrize("sync_period", [2, 4])
 def test_sam_opaque_matches_optax(sync_period):
-    tx = fo.sam(fo.yogi(0.05), fo.chain(fo.normalize(), fo.scale(-0.1)), sync_period=sync_period, opaque_mode=True)
-    otx = optax.contrib.sam(optax.yogi(0.05), optax.chain(optax.contrib.normalize(), optax.sgd(0.1)), sync_period=sync_period, opaque_mode=True)
+    tx = fo.sam(
+        fo.yogi(0.05), fo.chain(fo.normalize(), fo.scale(-0.1)), sync_period=sync_period, opaque_mode=True
+    )
+    otx = optax.contrib.sam(
+        optax.yogi(0.05),
+        optax.chain(optax.contrib.normalize(), optax.sgd(0.1)),
+        sync_period=sync_period,
+        opaque_mode=True,
+    )
 
     def grad_fn(lib: Any, step: int) -> Any:
         return lambda p, i: grads_at(p, 50 + step + i, lib)
@@ -506,7 +589,9 @@ ALL = sorted(
 def steps_of(tx: Any, name: str, params: Any, n: int = 3) -> Any:
     state = tx.init(params)
     for step in range(n):
-        updates, state = tx.update(grads_at(params, step, torch), state, params, **_extra(name)(params, step, torch))
+        updates, state = tx.update(
+            grads_at(params, step, torch), state, params, **_extra(name)(params, step, torch)
+        )
         params = fo.apply_updates(params, updates)
     return params, state
 
@@ -531,12 +616,17 @@ def test_grad_through_steps(name):
 
     g = torch.func.grad(final_loss)(torch.tensor(0.02, dtype=torch.float64))
     eps = 1e-6
-    numeric = (final_loss(torch.tensor(0.02 + eps, dtype=torch.float64)) - final_loss(torch.tensor(0.02 - eps, dtype=torch.float64))) / (2 * eps)
+    numeric = (
+        final_loss(torch.tensor(0.02 + eps, dtype=torch.float64))
+        - final_loss(torch.tensor(0.02 - eps, dtype=torch.float64))
+    ) / (2 * eps)
     assert torch.isfinite(g)
     torch.testing.assert_close(g, numeric, rtol=1e-4, atol=1e-8)
 
 
-@pytest.mark.parametrize("name", ["adabelief", "scale_by_novograd", "lars", "dadapt_adamw", "momo", "scale_by_sm3"])
+@pytest.mark.parametrize(
+    "name", ["adabelief", "scale_by_novograd", "lars", "dadapt_adamw", "momo", "scale_by_sm3"]
+)
 def test_masked_and_none_leaves(name):
     """Under masked (MaskedNode in the state) and with a None gradient, the state keeps
     its structure and the masked-out leaves pass through."""
@@ -573,7 +663,10 @@ def test_compiled_step_fullgraph(name):
         grads = grads_at(params, s, torch)
         kw = {k: v for k, v in extra.items() if k != "obj_fn"}
         if "obj_fn" in extra:
-            out, ref = compiled(grads, state, params, obj_fn=extra["obj_fn"]), step(grads, state, params, **extra)
+            out, ref = (
+                compiled(grads, state, params, obj_fn=extra["obj_fn"]),
+                step(grads, state, params, **extra),
+            )
         else:
             out, ref = compiled(grads, state, params, **kw), step(grads, state, params, **kw)
         for a, b in zip(optree.tree_leaves(out), optree.tree_leaves(ref)):

@@ -81,7 +81,12 @@ def tree_sum(values: Sequence[Tensor], like: Tensor | None = None) -> Tensor:
 
 def sq_norm(tree: Any) -> Tensor:
     """The squared L2 norm of all tensors of `tree` (optax's ``tree.norm(squared=True)``)."""
-    return tree_sum([(x.real * x.real + x.imag * x.imag).sum() if x.is_complex() else (x * x).sum() for x in present(tree)])
+    return tree_sum(
+        [
+            (x.real * x.real + x.imag * x.imag).sum() if x.is_complex() else (x * x).sum()
+            for x in present(tree)
+        ]
+    )
 
 
 def norm(tree: Any) -> Tensor:
@@ -128,7 +133,9 @@ def pick(cond: Tensor, new: Any, old: Any) -> Any:
     """`new` where the 0-d bool `cond` holds, else `old`, leaf by leaf over two trees of
     one structure (branch-free, as ``lax.cond`` over states)."""
     return optree.tree_map(
-        lambda n, o: None if n is None else torch.where(cond, n, o.to(n.dtype) if isinstance(o, Tensor) else o),
+        lambda n, o: (
+            None if n is None else torch.where(cond, n, o.to(n.dtype) if isinstance(o, Tensor) else o)
+        ),
         new,
         old,
         none_is_leaf=True,

@@ -96,7 +96,9 @@ def _dadapt_update(
     c = _wide(count)
     bc = ((1 - beta2**c) ** 0.5) / (1 - beta1**c)
     dlr = (state.estim_lr * sched * bc).to(state.numerator_weighted.dtype)
-    s_weighted = leafwise(who, lambda sk, eas: (sk / (torch.sqrt(eas) + eps),), state.grad_sum, state.exp_avg_sq)[0]
+    s_weighted = leafwise(
+        who, lambda sk, eas: (sk / (torch.sqrt(eas) + eps),), state.grad_sum, state.exp_avg_sq
+    )[0]
     numerator_acum = vdot(updates, s_weighted)
 
     def one(g: Tensor, ea0: Tensor, eas0: Tensor, sk0: Tensor) -> tuple[Tensor, ...]:
@@ -105,7 +107,9 @@ def _dadapt_update(
         eas = beta2 * eas0 + (1 - beta2) * g * g
         return ea, eas, sb2 * sk0 + (1 - sb2) * d * g
 
-    _, exp_avg, exp_avg_sq, grad_sum = _with_buffers(who, one, updates, state.exp_avg, state.exp_avg_sq, state.grad_sum)
+    _, exp_avg, exp_avg_sq, grad_sum = _with_buffers(
+        who, one, updates, state.exp_avg, state.exp_avg_sq, state.grad_sum
+    )
     numerator_weighted = sb2 * state.numerator_weighted + (1 - sb2) * dlr * numerator_acum
     d_estimate = numerator_weighted / ((1 - sb2) * l1(grad_sum))
     estim_lr = torch.maximum(state.estim_lr, d_estimate.to(state.estim_lr.dtype))
@@ -142,7 +146,7 @@ def dadapt_adamw(
     """
     return GradientTransformation(
         functools.partial(_dadapt_init, estim_lr0),
-        functools.partial(_dadapt_update, learning_rate, tuple(betas), eps, weight_decay),
+        functools.partial(_dadapt_update, learning_rate, (betas[0], betas[1]), eps, weight_decay),
     )
 
 
@@ -197,7 +201,9 @@ def _prodigy_update(
         sk = b3 * sk0 + (e if safeguard_warmup else d) * dg / estim_lr0
         return ea, eas, sk
 
-    _, exp_avg, exp_avg_sq, grad_sum = _with_buffers(who, one, updates, state.exp_avg, state.exp_avg_sq, state.grad_sum)
+    _, exp_avg, exp_avg_sq, grad_sum = _with_buffers(
+        who, one, updates, state.exp_avg, state.exp_avg_sq, state.grad_sum
+    )
     numerator_weighted = b3 * state.numerator_weighted + (estim_lr / estim_lr0) * dlr * numerator_acum
     lr_estimate = estim_lr_coef * numerator_weighted / l1(grad_sum)
     new_estim = torch.maximum(estim_lr, lr_estimate.to(estim_lr.dtype))
@@ -237,7 +243,7 @@ def prodigy(
     return GradientTransformation(
         functools.partial(_prodigy_init, estim_lr0),
         functools.partial(
-            _prodigy_update, learning_rate, tuple(betas), beta3, eps, estim_lr0, estim_lr_coef, weight_decay,
+            _prodigy_update, learning_rate, (betas[0], betas[1]), beta3, eps, estim_lr0, estim_lr_coef, weight_decay,
             safeguard_warmup,
         ),
     )  # fmt: skip
@@ -274,7 +280,9 @@ def _momo_update(
     dtype = state.barf.dtype
     bt = torch.where(state.count == 0, 0.0, scalar(beta, torch.float64, state.count.device))
     barf = bt * state.barf + (1 - bt) * torch.as_tensor(value).to(dtype)
-    exp_avg = _with_buffers(who, lambda g, ea: ((bt * ea + (1 - bt) * g).to(g.dtype),), updates, state.exp_avg)[1]
+    exp_avg = _with_buffers(
+        who, lambda g, ea: ((bt * ea + (1 - bt) * g).to(g.dtype),), updates, state.exp_avg
+    )[1]
     gamma = bt * state.gamma + (1 - bt) * vdot(updates, params)
     exp_avg_norm = sq_norm(exp_avg)
     iprod = vdot(exp_avg, params)
@@ -370,14 +378,18 @@ def _momo_adam_update(
     wd = 1 + alpha * weight_decay
     if adapt_lower_bound:
         cap = wd * (barf - gamma) + iprod
-        this_lb = torch.where(cap < wd * bc1 * state.lb, torch.clamp(cap / (2 * bc1 * wd), min=lower_bound), state.lb)
+        this_lb = torch.where(
+            cap < wd * bc1 * state.lb, torch.clamp(cap / (2 * bc1 * wd), min=lower_bound), state.lb
+        )
     else:
         this_lb = state.lb
     t1 = torch.clamp(wd * (barf - bc1 * this_lb - gamma) + iprod, min=0.0) / exp_avg_norm
     t1 = torch.where(exp_avg_norm <= _EPS64, 0.0, t1)
     tau = torch.minimum(alpha / bc1, t1)
     decay = (alpha * weight_decay) / wd
-    out = leafwise(who, lambda ea, pc, p: (-decay * p - tau.to(p.dtype) * ea / pc,), exp_avg, precond, params)[0]
+    out = leafwise(
+        who, lambda ea, pc, p: (-decay * p - tau.to(p.dtype) * ea / pc,), exp_avg, precond, params
+    )[0]
     if adapt_lower_bound:
         new_lb = torch.clamp(((barf + iprod - gamma) - 0.5 * tau * exp_avg_norm) / bc1, min=lower_bound)
     else:
@@ -405,7 +417,9 @@ def momo_adam(
     """
     return GradientTransformation(
         functools.partial(_momo_adam_init, lower_bound),
-        functools.partial(_momo_adam_update, learning_rate, b1, b2, eps, lower_bound, weight_decay, adapt_lower_bound),
+        functools.partial(
+            _momo_adam_update, learning_rate, b1, b2, eps, lower_bound, weight_decay, adapt_lower_bound
+        ),
     )
 
 
@@ -434,7 +448,13 @@ def _plateau_init(params: Params) -> ReduceLROnPlateauState:
 
 
 def _plateau_scale(
-    factor: float, patience: Any, rtol: float, atol: float, cooldown: Any, min_scale: Any, s: ReduceLROnPlateauState
+    factor: float,
+    patience: Any,
+    rtol: float,
+    atol: float,
+    cooldown: Any,
+    min_scale: Any,
+    s: ReduceLROnPlateauState,
 ) -> ReduceLROnPlateauState:
     """optax's ``_update_scale``, both of its branches computed and one picked."""
     improved = s.avg_value < (1 - rtol) * s.best_value - atol
@@ -496,12 +516,16 @@ def reduce_on_plateau(
     if not 0.0 < factor < 1.0:
         raise ValueError(f"reduce_on_plateau: factor must be in the range (0, 1), got {factor}")
     if rtol < 0.0 or atol < 0.0:
-        raise ValueError(f"reduce_on_plateau: rtol and atol must be non-negative, got rtol={rtol}, atol={atol}")
+        raise ValueError(
+            f"reduce_on_plateau: rtol and atol must be non-negative, got rtol={rtol}, atol={atol}"
+        )
     if rtol == 0.0 and atol == 0.0:
         raise ValueError("reduce_on_plateau: at least one of rtol or atol must be positive, got both 0")
     if rtol > 1.0:
         raise ValueError(f"reduce_on_plateau: rtol must be at most 1, got {rtol}")
     return GradientTransformation(
         _plateau_init,
-        functools.partial(_plateau_update, factor, patience, rtol, atol, cooldown, accumulation_size, min_scale),
+        functools.partial(
+            _plateau_update, factor, patience, rtol, atol, cooldown, accumulation_size, min_scale
+        ),
     )

@@ -28,6 +28,7 @@ from ..transforms import (
     scale_by_sign,
     trace,
 )
+from .accumulators import scale_by_sm3
 from .blocks import (
     scale_by_adamax,
     scale_by_adan,
@@ -35,7 +36,6 @@ from .blocks import (
     scale_by_belief,
     scale_by_novograd,
     scale_by_optimistic_gradient,
-    scale_by_sm3,
     scale_by_yogi,
 )
 from .scaling import scale_by_polyak, scale_by_trust_ratio
@@ -360,7 +360,9 @@ def optimistic_adam(
         raise ValueError("optimistic_adam does not take a learning rate schedule (as optax's); pass a number")
     return chain(
         scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nesterov=nesterov),
-        scale_by_optimistic_gradient(alpha=learning_rate, beta=learning_rate if optimism is None else optimism),
+        scale_by_optimistic_gradient(
+            alpha=learning_rate, beta=learning_rate if optimism is None else optimism
+        ),
         scale_by_learning_rate(1.0),
     )
 
@@ -431,7 +433,9 @@ def sm3(learning_rate: Scalar, momentum: Scalar = 0.9) -> GradientTransformation
     return chain(scale_by_sm3(momentum), scale(-learning_rate))
 
 
-def yogi(learning_rate: LearningRate, b1: Scalar = 0.9, b2: Scalar = 0.999, eps: Scalar = 1e-3) -> GradientTransformation:
+def yogi(
+    learning_rate: LearningRate, b1: Scalar = 0.9, b2: Scalar = 0.999, eps: Scalar = 1e-3
+) -> GradientTransformation:
     """Yogi (Zaheer et al. 2018; optax's ``yogi``): `scale_by_yogi`, then the learning rate.
 
     Example:

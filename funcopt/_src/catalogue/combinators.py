@@ -130,7 +130,9 @@ def selective_transform(optimizer: GradientTransformation, *, freeze_mask: Any) 
     )
 
 
-def multi_transform(transforms: Mapping[Any, GradientTransformation], param_labels: Any) -> GradientTransformation:
+def multi_transform(
+    transforms: Mapping[Any, GradientTransformation], param_labels: Any
+) -> GradientTransformation:
     """optax's older name of `partition`: each param's updates go through the
     transformation of its label.
 
@@ -237,10 +239,14 @@ def per_example_global_norm_clip(grads: Any, l2_norm_clip: Scalar) -> tuple[Any,
             "per_example_global_norm_clip expects gradients with a batch dimension of one size in the 0th "
             f"axis of every leaf, got shapes {[tuple(x.shape) for x in leaves]}"
         )
-    norms = torch.sqrt(sum(torch.sum(x.reshape(x.shape[0], -1) ** 2, dim=1) for x in leaves))
+    norms = torch.sqrt(
+        functools.reduce(torch.add, [torch.sum(x.reshape(x.shape[0], -1) ** 2, dim=1) for x in leaves])
+    )
     multipliers = torch.nan_to_num(torch.clamp(l2_norm_clip / norms, max=1.0), nan=1.0)
     clipped = optree.tree_map(
-        lambda g: None if g is None else torch.tensordot(multipliers.to(g.dtype), g, dims=1), grads, none_is_leaf=True
+        lambda g: None if g is None else torch.tensordot(multipliers.to(g.dtype), g, dims=1),
+        grads,
+        none_is_leaf=True,
     )
     return clipped, torch.sum(multipliers < 1.0)
 
@@ -438,4 +444,3 @@ def inject_stateful_hyperparams(
         )
 
     return wrapped
-

@@ -25,8 +25,8 @@ from ._common import (
     check_params,
     leafwise,
     make_key,
-    normal_like,
     norm,
+    normal_like,
     present,
     require_value,
     split,
@@ -101,7 +101,12 @@ def scale_by_trust_ratio(
 
 
 def _block_update(
-    rms: bool, min_scale: Scalar, updates: Updates, state: State, params: Params | None = None, **extra_args: Any
+    rms: bool,
+    min_scale: Scalar,
+    updates: Updates,
+    state: State,
+    params: Params | None = None,
+    **extra_args: Any,
 ) -> tuple[Updates, State]:
     who = f"scale_by_param_block_{'rms' if rms else 'norm'} update"
     check_params(who, params)
@@ -199,7 +204,9 @@ def _polyak_update(
     step = torch.where(
         denom <= torch.finfo(torch.float64).eps,
         torch.zeros_like(denom),
-        torch.minimum(gap / denom, torch.as_tensor(max_learning_rate, dtype=denom.dtype, device=denom.device)),
+        torch.minimum(
+            gap / denom, torch.as_tensor(max_learning_rate, dtype=denom.dtype, device=denom.device)
+        ),
     )
     return map_updates(lambda u: step.to(u.dtype) * u, updates), state
 
@@ -220,7 +227,9 @@ def scale_by_polyak(
     """
     if variant not in ("sps", "sps+"):
         raise ValueError(f"scale_by_polyak: variant must be 'sps' or 'sps+', got {variant!r}")
-    return GradientTransformation(empty_init, functools.partial(_polyak_update, f_min, max_learning_rate, eps, variant))
+    return GradientTransformation(
+        empty_init, functools.partial(_polyak_update, f_min, max_learning_rate, eps, variant)
+    )
 
 
 class ScaleByDistanceOverGradientsState(NamedTuple):
@@ -232,7 +241,9 @@ class ScaleByDistanceOverGradientsState(NamedTuple):
     init_params: Params
 
 
-def _dog_init(reps_rel: Scalar, param_dtype: torch.dtype, params: Params) -> ScaleByDistanceOverGradientsState:
+def _dog_init(
+    reps_rel: Scalar, param_dtype: torch.dtype, params: Params
+) -> ScaleByDistanceOverGradientsState:
     return ScaleByDistanceOverGradientsState(
         optree.tree_map(lambda p: reps_rel * (1 + torch.sqrt((p * p).sum())), params),
         optree.tree_map(lambda p: torch.zeros(1, dtype=p.dtype, device=p.device), params),
@@ -254,12 +265,17 @@ def _dog_update(
         eta = global_scale * (d / torch.sqrt(s + eps))
         return (eta * g).reshape(g.shape), d, s
 
-    out, d, s = leafwise(who, one, updates, state.max_dist, state.grad_sum_of_squares, params, state.init_params, n_out=3)
+    out, d, s = leafwise(
+        who, one, updates, state.max_dist, state.grad_sum_of_squares, params, state.init_params, n_out=3
+    )
     return out, ScaleByDistanceOverGradientsState(d, s, state.init_params)
 
 
 def scale_by_distance_over_gradients(
-    reps_rel: Scalar = 1e-6, eps: Scalar = 1e-8, param_dtype: torch.dtype = torch.float32, global_scale: Scalar = 1.0
+    reps_rel: Scalar = 1e-6,
+    eps: Scalar = 1e-8,
+    param_dtype: torch.dtype = torch.float32,
+    global_scale: Scalar = 1.0,
 ) -> GradientTransformation:
     """DoG's layer-wise step size (Ivgi et al. 2023; optax's
     ``scale_by_distance_over_gradients``): each leaf's update times ``max distance of its
@@ -379,7 +395,13 @@ def scale_by_factored_rms(
     return GradientTransformation(
         functools.partial(_factored_init, factored, min_dim_size_to_factor),
         functools.partial(
-            _factored_update, factored, decay_rate, step_offset, min_dim_size_to_factor, epsilon, decay_rate_fn
+            _factored_update,
+            factored,
+            decay_rate,
+            step_offset,
+            min_dim_size_to_factor,
+            epsilon,
+            decay_rate_fn,
         ),
     )
 
@@ -400,7 +422,12 @@ def _noise_init(key: int | Tensor, params: Params) -> AddNoiseState:
 
 
 def _noise_update(
-    eta: Scalar, gamma: Scalar, updates: Updates, state: State, params: Params | None = None, **extra_args: Any
+    eta: Scalar,
+    gamma: Scalar,
+    updates: Updates,
+    state: State,
+    params: Params | None = None,
+    **extra_args: Any,
 ) -> tuple[Updates, State]:
     _check_state(state, AddNoiseState, "add_noise update")
     count = _increment(state.count)
@@ -428,5 +455,6 @@ def add_noise(eta: Scalar, gamma: Scalar, key: int | Tensor = 0) -> GradientTran
         >>> round(u[0].std().item(), 2)  # sqrt(0.01)
         0.1
     """
-    return GradientTransformation(functools.partial(_noise_init, key), functools.partial(_noise_update, eta, gamma))
-
+    return GradientTransformation(
+        functools.partial(_noise_init, key), functools.partial(_noise_update, eta, gamma)
+    )

@@ -116,7 +116,7 @@ def _sam_transparent(
     adv_updates, adv_state = adv_optimizer.update(updates, state.adv_state, params)
     adv_updates = _negate(adv_updates)
     opt_updates, opt_state = optimizer.update(updates, state.opt_state, state.cache)
-    opt_updates = optree.tree_map(lambda c, p, u: c - p + u, state.cache, params, opt_updates)
+    opt_updates = optree.tree_map(lambda c, p, u: c - p + u, state.cache, params, opt_updates)  # type: ignore[arg-type]
     cache = pick(first, params, state.cache)
     out = pick(last, opt_updates, adv_updates)
     adv_state = pick(last, adv_optimizer.init(params) if reset_state else state.adv_state, adv_state)
@@ -131,7 +131,9 @@ def _sam_opaque(
 ) -> tuple[Updates, State]:  # fmt: skip
     _check_state(state, SAMState, "sam update")
     if grad_fn is None:
-        raise ValueError("sam with opaque_mode=True needs grad_fn: call update(grads, state, params, grad_fn=...)")
+        raise ValueError(
+            "sam with opaque_mode=True needs grad_fn: call update(grads, state, params, grad_fn=...)"
+        )
     adv_params, adv_updates, adv_state = params, updates, state.adv_state
     for i in range(sync_period - 1):
         adv_updates, adv_state = adv_optimizer.update(adv_updates, adv_state, adv_params)
@@ -203,9 +205,13 @@ def _hutchinson_update(
 ) -> tuple[Updates, State]:
     _check_state(state, HutchinsonState, "hutchinson_estimator_diag_hessian update")
     if params is None:
-        raise ValueError("hutchinson_estimator_diag_hessian needs the params: call update(grads, state, params)")
+        raise ValueError(
+            "hutchinson_estimator_diag_hessian needs the params: call update(grads, state, params)"
+        )
     if obj_fn is None:
-        raise ValueError("hutchinson_estimator_diag_hessian needs obj_fn: call update(..., obj_fn=loss_of_params)")
+        raise ValueError(
+            "hutchinson_estimator_diag_hessian needs obj_fn: call update(..., obj_fn=loss_of_params)"
+        )
     key, subkey = split(state.key)
     leaves, treedef = optree.tree_flatten(params)
     dtype = _lowest_dtype(params)
@@ -242,7 +248,9 @@ class SophiaState(NamedTuple):
     hessian_fn_state: State
 
 
-def _sophia_init(hessian_fn: GradientTransformation, mu_dtype: torch.dtype | None, params: Params) -> SophiaState:
+def _sophia_init(
+    hessian_fn: GradientTransformation, mu_dtype: torch.dtype | None, params: Params
+) -> SophiaState:
     return SophiaState(_count(params), zeros(params, mu_dtype), zeros(params), hessian_fn.init(params))
 
 
@@ -262,13 +270,21 @@ def _sophia_update(
         mu = (1 - b1) * g + b1 * m0
         u = (mu / _bias_correction(b1, count).to(mu.dtype)) / torch.clamp(gamma * h, min=eps)
         if clip_threshold is not None:
-            u = torch.clamp(u, -clip_threshold, clip_threshold)
+            u = torch.clamp(u, -clip_threshold, clip_threshold)  # type: ignore[arg-type]
         return u, mu if mu_dtype is None else mu.to(mu_dtype)
 
     out, mu = leafwise(who, step, updates, state.mu, state.nu, n_out=2)
-    if verbose and clip_threshold is not None and not tracing() and readable(count) and int(count) % every == 0:
+    if (
+        verbose
+        and clip_threshold is not None
+        and not tracing()
+        and readable(count)
+        and int(count) % every == 0
+    ):
         leaves = present(out)
-        win = sum(int((u.abs() < clip_threshold).sum()) for u in leaves) / max(1, sum(u.numel() for u in leaves))
+        win = sum(int((u.abs() < clip_threshold).sum()) for u in leaves) / max(
+            1, sum(u.numel() for u in leaves)
+        )
         print(f"Sophia optimizer win rate: {win}")
 
     def refreshed() -> tuple[State, Params]:
@@ -356,4 +372,3 @@ def sophia(
         add_decayed_weights(weight_decay, mask=weight_decay_mask),
         scale_by_learning_rate(learning_rate),
     )  # fmt: skip
-
