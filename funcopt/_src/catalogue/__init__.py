@@ -5,6 +5,7 @@ from . import accumulators as _accumulators
 from . import adaptive as _adaptive
 from . import aliases as _aliases
 from . import blocks as _blocks
+from . import classes as _classes
 from . import combinators as _combinators
 from . import contrib as _contrib
 from . import dog as _dog
@@ -14,6 +15,7 @@ from .accumulators import *  # noqa: F403
 from .adaptive import *  # noqa: F403
 from .aliases import *  # noqa: F403
 from .blocks import *  # noqa: F403
+from .classes import *  # noqa: F403
 from .combinators import *  # noqa: F403
 from .contrib import *  # noqa: F403
 from .dog import *  # noqa: F403
@@ -25,6 +27,7 @@ __all__ = [
     *_adaptive.__all__,
     *_aliases.__all__,
     *_blocks.__all__,
+    *_classes.__all__,
     *_combinators.__all__,
     *_contrib.__all__,
     *_dog.__all__,
