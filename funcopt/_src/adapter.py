@@ -548,7 +548,11 @@ class Optimizer(torch.optim.Optimizer):
             p = params[0]
             state = _injected_from_group(state, transform.init({"0": p.new_empty((0,) * p.dim())}))
         updates, new_state = _update_with_value(
-            transform, dict(zip(keys, grads)), state, dict(zip(keys, read_params)), getattr(self, "_closure_value", None)
+            transform,
+            dict(zip(keys, grads)),
+            state,
+            dict(zip(keys, read_params)),
+            getattr(self, "_closure_value", None),
         )
         olds: list[Tensor] = []  # eager: the state tensors to overwrite, and their new values
         news: list[Tensor] = []

@@ -83,7 +83,7 @@ def _dadapt_init(estim_lr0: Scalar, params: Params) -> DAdaptAdamWState:
 
 
 def _dadapt_update(
-    learning_rate: Any, betas: tuple[Scalar, Scalar], eps: Scalar, weight_decay: Scalar,
+    learning_rate: Any, betas: tuple[Scalar, Scalar], eps: Scalar, weight_decay: Scalar, bias_correction: bool,
     updates: Updates, state: State, params: Params | None = None, **extra_args: Any,
 ) -> tuple[Updates, State]:  # fmt: skip
     who = "dadapt_adamw update"
@@ -94,7 +94,7 @@ def _dadapt_update(
     sched = _at(learning_rate, state.count)
     count = _increment(state.count)
     c = _wide(count)
-    bc = ((1 - beta2**c) ** 0.5) / (1 - beta1**c)
+    bc = ((1 - beta2**c) ** 0.5) / (1 - beta1**c) if bias_correction else 1.0
     dlr = (state.estim_lr * sched * bc).to(state.numerator_weighted.dtype)
     s_weighted = leafwise(
         who, lambda sk, eas: (sk / (torch.sqrt(eas) + eps),), state.grad_sum, state.exp_avg_sq
@@ -133,10 +133,14 @@ def dadapt_adamw(
     eps: Scalar = 1e-8,
     estim_lr0: Scalar = 1e-6,
     weight_decay: Scalar = 0.0,
+    *,
+    bias_correction: bool = True,
 ) -> GradientTransformation:
     """D-Adaptation AdamW (Defazio and Mishchenko 2023; optax.contrib's ``dadapt_adamw``):
     AdamW whose step size is estimated from the distance travelled. `learning_rate` is
-    a multiplier of the estimate. `update` needs the params.
+    a multiplier of the estimate. `update` needs the params. ``bias_correction=False``
+    (funcopt's addition; the authors' ``dadaptation`` default) leaves Adam's bias
+    correction out of the step size: ``DAdaptAdam(decouple=True)`` then.
 
     Example:
         >>> import torch, funcopt as fo
@@ -146,7 +150,9 @@ def dadapt_adamw(
     """
     return GradientTransformation(
         functools.partial(_dadapt_init, estim_lr0),
-        functools.partial(_dadapt_update, learning_rate, (betas[0], betas[1]), eps, weight_decay),
+        functools.partial(
+            _dadapt_update, learning_rate, (betas[0], betas[1]), eps, weight_decay, bias_correction
+        ),
     )
 
 
@@ -176,7 +182,7 @@ def _prodigy_init(estim_lr0: Scalar, params: Params) -> ProdigyState:
 
 def _prodigy_update(
     learning_rate: Any, betas: tuple[Scalar, Scalar], beta3: Scalar | None, eps: Scalar, estim_lr0: Scalar,
-    estim_lr_coef: Scalar, weight_decay: Scalar, safeguard_warmup: bool,
+    estim_lr_coef: Scalar, weight_decay: Scalar, safeguard_warmup: bool, bias_correction: bool,
     updates: Updates, state: State, params: Params | None = None, **extra_args: Any,
 ) -> tuple[Updates, State]:  # fmt: skip
     who = "prodigy update"
@@ -188,7 +194,7 @@ def _prodigy_update(
     sched = _at(learning_rate, state.count)
     estim_lr = state.estim_lr
     c = _wide(count)
-    bc = ((1 - beta2**c) ** 0.5) / (1 - beta1**c)
+    bc = ((1 - beta2**c) ** 0.5) / (1 - beta1**c) if bias_correction else 1.0
     dlr = (estim_lr * sched * bc).to(estim_lr.dtype)
     param_diff = leafwise(who, lambda p0, p: (p0 - p,), state.params0, params)[0]
     numerator_acum = vdot(updates, param_diff)
@@ -228,11 +234,14 @@ def prodigy(
     estim_lr_coef: Scalar = 1.0,
     weight_decay: Scalar = 0.0,
     safeguard_warmup: bool = False,
+    *,
+    bias_correction: bool = True,
 ) -> GradientTransformation:
     """Prodigy (Mishchenko and Defazio 2023; optax.contrib's ``prodigy``): Adam whose
     step size is estimated from the distance to the initial params. `learning_rate` is
-    a multiplier of the estimate. `update` needs the params. (The authors' `prodigyopt`
-    package differs: see the algorithm's docs page.)
+    a multiplier of the estimate. `update` needs the params. ``bias_correction=False``
+    (funcopt's addition; the default of the authors' ``prodigyopt``) leaves Adam's bias
+    correction out of the step size, as ``prodigyopt.Prodigy`` then steps.
 
     Example:
         >>> import torch, funcopt as fo
@@ -244,7 +253,7 @@ def prodigy(
         functools.partial(_prodigy_init, estim_lr0),
         functools.partial(
             _prodigy_update, learning_rate, (betas[0], betas[1]), beta3, eps, estim_lr0, estim_lr_coef, weight_decay,
-            safeguard_warmup,
+            safeguard_warmup, bias_correction,
         ),
     )  # fmt: skip
 

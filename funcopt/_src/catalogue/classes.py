@@ -91,7 +91,12 @@ def _lars(
     lr: Any, momentum: Any, weight_decay: Any, trust_coefficient: Any, eps: Any, nesterov: bool
 ) -> GradientTransformation:
     return lars(
-        lr, weight_decay=weight_decay, trust_coefficient=trust_coefficient, eps=eps, momentum=momentum, nesterov=nesterov
+        lr,
+        weight_decay=weight_decay,
+        trust_coefficient=trust_coefficient,
+        eps=eps,
+        momentum=momentum,
+        nesterov=nesterov,
     )
 
 
@@ -124,7 +129,9 @@ class Lars(Optimizer):
 def _adan(lr: Any, betas: Any, eps: Any, weight_decay: Any, eps_root: Any) -> GradientTransformation:
     from .aliases import adan
 
-    return adan(lr, b1=betas[0], b2=betas[1], b3=betas[2], eps=eps, eps_root=eps_root, weight_decay=weight_decay)
+    return adan(
+        lr, b1=betas[0], b2=betas[1], b3=betas[2], eps=eps, eps_root=eps_root, weight_decay=weight_decay
+    )
 
 
 class Adan(Optimizer):
@@ -265,7 +272,9 @@ class Adopt(Optimizer):
 
 
 def _ademamix(lr: Any, betas: Any, alpha: Any, eps: Any, weight_decay: Any) -> GradientTransformation:
-    return ademamix(lr, b1=betas[0], b2=betas[1], b3=betas[2], alpha=alpha, eps=eps, weight_decay=weight_decay)
+    return ademamix(
+        lr, b1=betas[0], b2=betas[1], b3=betas[2], alpha=alpha, eps=eps, weight_decay=weight_decay
+    )
 
 
 class AdEMAMix(Optimizer):
@@ -292,19 +301,22 @@ class AdEMAMix(Optimizer):
 
 
 def _prodigy(
-    lr: Any, betas: Any, beta3: Any, eps: Any, weight_decay: Any, d0: Any, d_coef: Any, safeguard_warmup: bool
-) -> GradientTransformation:
+    lr: Any, betas: Any, beta3: Any, eps: Any, weight_decay: Any, use_bias_correction: bool, safeguard_warmup: bool,
+    d0: Any, d_coef: Any,
+) -> GradientTransformation:  # fmt: skip
     return prodigy(
         lr, betas=(betas[0], betas[1]), beta3=beta3, eps=eps, estim_lr0=d0, estim_lr_coef=d_coef,
-        weight_decay=weight_decay, safeguard_warmup=safeguard_warmup,
+        weight_decay=weight_decay, safeguard_warmup=safeguard_warmup, bias_correction=use_bias_correction,
     )  # fmt: skip
 
 
 class Prodigy(Optimizer):
-    """Prodigy (Mishchenko and Defazio 2023) as optax's `fo.prodigy`, with the authors'
-    argument names (``d0``, ``d_coef``). Its steps are optax's: the authors'
-    ``prodigyopt`` differs (it estimates one step size for all param groups, keeps the
-    denominator's ``d * eps`` differently, and decouples weight decay by default).
+    """Prodigy (Mishchenko and Defazio 2023) with the constructor of the authors'
+    ``prodigyopt.Prodigy`` (its ``decouple=True``; no ``growth_rate``, ``slice_p`` or
+    ``fsdp_in_use``): for one param group it steps as ``prodigyopt`` to float64
+    round-off. With several groups ``prodigyopt`` estimates one step size for all of
+    them, this class one per group (each group steps on its own, as in `fo.Optimizer`).
+    With ``use_bias_correction=True`` it is optax's ``prodigy``.
 
     Example:
         >>> import torch, funcopt as fo
@@ -319,26 +331,34 @@ class Prodigy(Optimizer):
         beta3: float | None = None,
         eps: float = 1e-8,
         weight_decay: float = 0.0,
+        use_bias_correction: bool = False,
+        safeguard_warmup: bool = False,
         d0: float = 1e-6,
         d_coef: float = 1.0,
-        safeguard_warmup: bool = False,
     ) -> None:
         _check(lr, eps, weight_decay, betas)
         super().__init__(
-            params, _prodigy, lr=lr, betas=tuple(betas), beta3=beta3, eps=eps, weight_decay=weight_decay, d0=d0,
-            d_coef=d_coef, safeguard_warmup=safeguard_warmup,
+            params, _prodigy, lr=lr, betas=tuple(betas), beta3=beta3, eps=eps, weight_decay=weight_decay,
+            use_bias_correction=use_bias_correction, safeguard_warmup=safeguard_warmup, d0=d0, d_coef=d_coef,
         )  # fmt: skip
 
 
-def _dadapt(lr: Any, betas: Any, eps: Any, weight_decay: Any, d0: Any) -> GradientTransformation:
-    return dadapt_adamw(lr, betas=(betas[0], betas[1]), eps=eps, estim_lr0=d0, weight_decay=weight_decay)
+def _dadapt(
+    lr: Any, betas: Any, eps: Any, weight_decay: Any, use_bias_correction: bool, d0: Any
+) -> GradientTransformation:
+    return dadapt_adamw(
+        lr, betas=(betas[0], betas[1]), eps=eps, estim_lr0=d0, weight_decay=weight_decay,
+        bias_correction=use_bias_correction,
+    )  # fmt: skip
 
 
 class DAdaptAdamW(Optimizer):
-    """D-Adaptation AdamW (Defazio and Mishchenko 2023) as optax's `fo.dadapt_adamw`,
-    with the authors' ``d0``. Its steps are optax's: the authors' ``dadaptation``
-    (``DAdaptAdam(decouple=True)``) differs (one step size for all groups, its
-    growth-rate cap, bias correction off by default).
+    """D-Adaptation AdamW (Defazio and Mishchenko 2023) with the constructor of the
+    authors' ``dadaptation.DAdaptAdam(decouple=True)`` (no ``growth_rate``,
+    ``log_every`` or ``fsdp_in_use``): for one param group it steps as ``dadaptation``
+    to float64 round-off. With several groups ``dadaptation`` estimates one step size
+    for all, this class one per group. With ``use_bias_correction=True`` it is optax's
+    ``dadapt_adamw``.
 
     Example:
         >>> import torch, funcopt as fo
@@ -352,10 +372,14 @@ class DAdaptAdamW(Optimizer):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
+        use_bias_correction: bool = False,
         d0: float = 1e-6,
     ) -> None:
         _check(lr, eps, weight_decay, betas)
-        super().__init__(params, _dadapt, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, d0=d0)
+        super().__init__(
+            params, _dadapt, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+            use_bias_correction=use_bias_correction, d0=d0,
+        )  # fmt: skip
 
 
 def _madgrad(lr: Any, momentum: Any, weight_decay: Any, eps: Any) -> GradientTransformation:
@@ -372,14 +396,23 @@ class MADGRAD(Optimizer):
     """
 
     def __init__(
-        self, params: ParamsT, lr: float = 1e-2, momentum: float = 0.9, weight_decay: float = 0.0, eps: float = 1e-6
+        self,
+        params: ParamsT,
+        lr: float = 1e-2,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        eps: float = 1e-6,
     ) -> None:
         _check(lr, eps, weight_decay, (momentum,))
         super().__init__(params, _madgrad, lr=lr, momentum=momentum, weight_decay=weight_decay, eps=eps)
 
 
-def _momo(lr: Any, beta: Any, lower_bound: Any, weight_decay: Any, adapt_lower_bound: bool) -> GradientTransformation:
-    return momo(lr, beta=beta, lower_bound=lower_bound, weight_decay=weight_decay, adapt_lower_bound=adapt_lower_bound)
+def _momo(
+    lr: Any, beta: Any, lower_bound: Any, weight_decay: Any, adapt_lower_bound: bool
+) -> GradientTransformation:
+    return momo(
+        lr, beta=beta, lower_bound=lower_bound, weight_decay=weight_decay, adapt_lower_bound=adapt_lower_bound
+    )
 
 
 class Momo(Optimizer):
