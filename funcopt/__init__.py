@@ -15,6 +15,7 @@ Stateful API (subclasses of ``torch.optim.Optimizer``)::
 
 from . import engine as engine  # the public way to write an optimizer: funcopt.engine
 from ._src import _moved
+from ._src import catalogue as _catalogue  # optax's catalogue (issue 64)
 from ._src.algorithms.adadelta import AdadeltaState, adadelta
 from ._src.algorithms.adafactor import AdafactorState, adafactor
 from ._src.algorithms.adagrad import AdagradState, adagrad
@@ -30,6 +31,7 @@ from ._src.algorithms.rmsprop import RMSpropState, rmsprop
 from ._src.algorithms.rprop import RpropState, rprop
 from ._src.algorithms.sgd import SGDState, sgd
 from ._src.algorithms.sparse_adam import SparseAdamState, sparse_adam
+from ._src.catalogue import *  # noqa: F403
 from ._src.core import public as _public
 from ._src.core.base import (
     EmptyState,
@@ -44,7 +46,9 @@ from ._src.core.base import (
 from ._src.core.hyperparams import ScheduledState
 from ._src.engine.algorithm import Algorithm, Bound
 from ._src.meta import inner_loop
+from ._src.torch import catalogue_classes as _catalogue_classes
 from ._src.torch.adapter import Optimizer
+from ._src.torch.catalogue_classes import *  # noqa: F403
 from ._src.torch.classes import (
     ASGD,
     SGD,
@@ -77,6 +81,8 @@ from ._src.transforms.wrappers import *  # noqa: F403
 # -- differentiable optimization at scale (issue 63) --
 from . import distributed, implicit, linear_solve
 from ._src.scan_loop import scan_inner_loop
+
+# --- end of optax's catalogue
 
 __version__ = "0.1.0"
 
@@ -156,6 +162,9 @@ __all__ = [
     "implicit",
     "linear_solve",
     "scan_inner_loop",
+    # -- optax's catalogue (issue 64) --
+    *_catalogue.__all__,
+    *_catalogue_classes.__all__,
 ]
 
 

@@ -324,6 +324,8 @@ class Optimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        # the loss, for a transformation that reads it (``value=``: polyak_sgd, momo, ...)
+        self._closure_value = loss.detach() if isinstance(loss, Tensor) else loss
         with torch.set_grad_enabled(bool(self.defaults.get("differentiable", False))):
             runs = self._unscale_for_amp()
             for group in self.param_groups:
@@ -539,7 +541,13 @@ class Optimizer(torch.optim.Optimizer):
         if _holds_injected(layout):
             p = params[0]
             state = _injected_from_group(state, transform.init({"0": p.new_empty((0,) * p.dim())}))
-        updates, new_state = transform.update(dict(zip(keys, grads)), state, dict(zip(keys, read_params)))
+        updates, new_state = _update_with_value(
+            transform,
+            dict(zip(keys, grads)),
+            state,
+            dict(zip(keys, read_params)),
+            getattr(self, "_closure_value", None),
+        )
         olds: list[Tensor] = []  # eager: the state tensors to overwrite, and their new values
         news: list[Tensor] = []
         # one _foreach_copy_ in eager steps; `_assign` where autograd records (it has no
@@ -569,6 +577,22 @@ class Optimizer(torch.optim.Optimizer):
             u = updates[key]
             if u is not None:  # None: a param the step skipped
                 p.add_(u)
+
+
+def _update_with_value(
+    transform: GradientTransformation, grads: Any, state: Any, params: Any, value: Any
+) -> tuple[Any, Any]:
+    """`transform`'s update, given the closure's loss as ``value=`` where there is one and
+    the transformation takes it (one that takes no extra arguments raises TypeError
+    before it computes anything: then without)."""
+    if value is None:
+        return transform.update(grads, state, params)
+    try:
+        return transform.update(grads, state, params, value=value)
+    except TypeError as e:
+        if "unexpected keyword argument 'value'" not in str(e):
+            raise
+        return transform.update(grads, state, params)
 
 
 # -- a transformation state <-> per-param dicts --------------------------------

@@ -1,0 +1,501 @@
+"""optax's moment-based scaling blocks, for `chain` (optax's names, arguments and math):
+`scale_by_belief`, `scale_by_radam`, `scale_by_yogi`, `scale_by_amsgrad`,
+`scale_by_adamax`, `scale_by_adan`, `scale_by_novograd`,
+`scale_by_optimistic_gradient` (and, in accumulators.py, `scale_by_stddev`,
+`scale_by_rss`, `scale_by_sm3`).
+
+Each is a pure `GradientTransformation` whose state keeps one structure from `init` on.
+Hyperparameters may be numbers, 0-d tensors or schedules (functions of the step count,
+`accepts_schedules`). A None update passes through, its buffers keeping their values.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import optree
+import torch
+from torch import Tensor
+
+from ..core.base import GradientTransformation, Params, State, Updates
+from ..core.hyperparams import accepts_schedules
+from ..transforms.blocks import ScaleByAdamState
+from ..transforms.clipping import Scalar, abs_sq, coef
+from ._common import (
+    _bias_correction,
+    _check_state,
+    _count,
+    _increment,
+    check_params,
+    device_of,
+    full,
+    leafwise,
+    zeros,
+)
+
+__all__ = [
+    "ScaleByAdanState",
+    "ScaleByAmsgradState",
+    "ScaleByBeliefState",
+    "ScaleByNovogradState",
+    "ScaleByOptimisticGradientState",
+    "scale_by_adamax",
+    "scale_by_adan",
+    "scale_by_amsgrad",
+    "scale_by_belief",
+    "scale_by_novograd",
+    "scale_by_optimistic_gradient",
+    "scale_by_radam",
+    "scale_by_yogi",
+]
+
+
+def _ema(g: Any, m: Tensor, decay: Any) -> Tensor:
+    """``(1 - decay) * g + decay * m`` (optax's ``update_moment``)."""
+    return (1 - decay) * g + decay * m
+
+
+def _bc(t: Tensor, decay: Any, count: Tensor) -> Tensor:
+    """`t` divided by ``1 - decay**count`` (optax's ``bias_correction``)."""
+    return t / _bias_correction(decay, count).to(t.real.dtype if t.is_complex() else t.dtype)
+
+
+def _nesterov_hat(g: Tensor, mu: Tensor, b1: Any, count: Tensor) -> Tensor:
+    """Dozat's Nesterov first moment, as optax's blocks write it."""
+    return b1 * _bc(mu, b1, _increment(count)) + (1 - b1) * _bc(g, b1, count)
+
+
+# ---------------------------------------------------------------- AdaBelief
+
+
+class ScaleByBeliefState(NamedTuple):
+    """The step count, the first moment and the second central moment (optax's names)."""
+
+    count: Tensor  # type: ignore[assignment]  # optax's name, which shadows tuple.count
+    mu: Params
+    nu: Params
+
+
+def _belief_init(params: Params) -> ScaleByBeliefState:
+    return ScaleByBeliefState(_count(params), zeros(params), zeros(params))
+
+
+def _belief_update(
+    b1: Scalar, b2: Scalar, eps: Scalar, eps_root: Scalar, nesterov: bool,
+    updates: Updates, state: State, params: Params | None = None, **extra_args: Any,
+) -> tuple[Updates, State]:  # fmt: skip
+    who = "scale_by_belief update"
+    _check_state(state, ScaleByBeliefState, who)
+    count = _increment(state.count)
+
+    def one(g: Tensor, m0: Tensor, v0: Tensor) -> tuple[Tensor, ...]:
+        c1, c2 = coef(b1, g), coef(b2, g)
+        mu = _ema(g, m0, c1)
+        nu = _ema(abs_sq(g - mu), v0, c2) + coef(eps_root, g)
+        mu_hat = _nesterov_hat(g, mu, c1, count) if nesterov else _bc(mu, c1, count)
+        return mu_hat / (torch.sqrt(_bc(nu, c2, count)) + coef(eps, g)), mu, nu
+
+    out, mu, nu = leafwise(who, one, updates, state.mu, state.nu, n_out=3)
+    return out, ScaleByBeliefState(count, mu, nu)
+
+
+@accepts_schedules
+def scale_by_belief(
+    b1: Scalar = 0.9,
+    b2: Scalar = 0.999,
+    eps: Scalar = 1e-16,
+    eps_root: Scalar = 1e-16,
+    *,
+    nesterov: bool = False,
+) -> GradientTransformation:
+    """AdaBelief's scaling (Zhuang et al. 2020; optax's ``scale_by_belief``): Adam's,
+    with the second moment of the prediction error ``g - mu`` in place of ``g**2``.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> tx = fo.scale_by_belief()
+        >>> g = [torch.tensor([1.0, -1.0])]
+        >>> tx.update(g, tx.init(g))[0][0].shape
+        torch.Size([2])
+    """
+    return GradientTransformation(
+        _belief_init, functools.partial(_belief_update, b1, b2, eps, eps_root, nesterov)
+    )
+
+
+# ---------------------------------------------------------------- RAdam, Yogi, AMSGrad, AdaMax
+
+
+def _adam_init(params: Params) -> ScaleByAdamState:
+    return ScaleByAdamState(_count(params), zeros(params), zeros(params))
+
+
+def _radam_update(
+    b1: Scalar, b2: Scalar, eps: Scalar, eps_root: Scalar, threshold: Scalar, nesterov: bool,
+    updates: Updates, state: State, params: Params | None = None, **extra_args: Any,
+) -> tuple[Updates, State]:  # fmt: skip
+    who = "scale_by_radam update"
+    _check_state(state, ScaleByAdamState, who)
+    count = _increment(state.count)
+    wide = torch.float64 if count.device.type != "mps" else torch.float32
+    b2w = b2.to(wide) if isinstance(b2, Tensor) else b2
+    ro_inf = 2.0 / (1.0 - b2w) - 1.0
+    b2t = b2w ** count.to(wide)
+    ro = ro_inf - 2 * count.to(wide) * b2t / (1 - b2t)
+    r = torch.sqrt((ro - 4.0) * (ro - 2.0) * ro_inf / ((ro_inf - 4.0) * (ro_inf - 2.0) * ro))
+    rectify = ro >= threshold
+
+    def one(g: Tensor, m0: Tensor, v0: Tensor) -> tuple[Tensor, ...]:
+        c1, c2 = coef(b1, g), coef(b2, g)
+        mu, nu = _ema(g, m0, c1), _ema(abs_sq(g), v0, c2)
+        mu_hat = _nesterov_hat(g, mu, c1, count) if nesterov else _bc(mu, c1, count)
+        nu_hat = _bc(nu, c2, count)
+        rectified = r.to(mu_hat.dtype) * mu_hat / (torch.sqrt(nu_hat + coef(eps_root, g)) + coef(eps, g))
+        return torch.where(rectify, rectified, mu_hat), mu, nu
+
+    out, mu, nu = leafwise(who, one, updates, state.mu, state.nu, n_out=3)
+    return out, ScaleByAdamState(count, mu, nu)
+
+
+@accepts_schedules
+def scale_by_radam(
+    b1: Scalar = 0.9,
+    b2: Scalar = 0.999,
+    eps: Scalar = 1e-8,
+    eps_root: Scalar = 0.0,
+    threshold: Scalar = 5.0,
+    *,
+    nesterov: bool = False,
+) -> GradientTransformation:
+    """Rectified Adam's scaling (Liu et al. 2020; optax's ``scale_by_radam``): Adam's,
+    rectified by its variance term once that is tractable (``ro >= threshold``), the
+    bias-corrected first moment before.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> tx = fo.scale_by_radam()
+        >>> g = [torch.tensor([2.0, -1.0])]
+        >>> tx.update(g, tx.init(g))[0]  # the first steps: the first moment itself
+        [tensor([ 2., -1.])]
+    """
+    return GradientTransformation(
+        _adam_init, functools.partial(_radam_update, b1, b2, eps, eps_root, threshold, nesterov)
+    )
+
+
+def _yogi_init(initial_accumulator_value: Scalar, params: Params) -> ScaleByAdamState:
+    return ScaleByAdamState(
+        _count(params), full(params, initial_accumulator_value), full(params, initial_accumulator_value)
+    )
+
+
+def _yogi_update(
+    b1: Scalar, b2: Scalar, eps: Scalar, eps_root: Scalar,
+    updates: Updates, state: State, params: Params | None = None, **extra_args: Any,
+) -> tuple[Updates, State]:  # fmt: skip
+    who = "scale_by_yogi update"
+    _check_state(state, ScaleByAdamState, who)
+    count = _increment(state.count)
+
+    def one(g: Tensor, m0: Tensor, v0: Tensor) -> tuple[Tensor, ...]:
+        c1, c2 = coef(b1, g), coef(b2, g)
+        mu = _ema(g, m0, c1)
+        g2 = abs_sq(g)
+        nu = v0 - (1 - c2) * torch.sign(v0 - g2) * g2
+        u = _bc(mu, c1, count) / (torch.sqrt(_bc(nu, c2, count) + coef(eps_root, g)) + coef(eps, g))
+        return u, mu, nu
+
+    out, mu, nu = leafwise(who, one, updates, state.mu, state.nu, n_out=3)
+    return out, ScaleByAdamState(count, mu, nu)
+
+
+@accepts_schedules
+def scale_by_yogi(
+    b1: Scalar = 0.9,
+    b2: Scalar = 0.999,
+    eps: Scalar = 1e-3,
+    eps_root: Scalar = 0.0,
+    initial_accumulator_value: Scalar = 1e-6,
+) -> GradientTransformation:
+    """Yogi's scaling (Zaheer et al. 2018; optax's ``scale_by_yogi``): Adam's, with an
+    additive second-moment update ``nu - (1 - b2) * sign(nu - g**2) * g**2``.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> tx = fo.scale_by_yogi()
+        >>> g = [torch.ones(2)]
+        >>> tx.init(g).nu[0]
+        tensor([1.0000e-06, 1.0000e-06])
+    """
+    return GradientTransformation(
+        functools.partial(_yogi_init, initial_accumulator_value),
+        functools.partial(_yogi_update, b1, b2, eps, eps_root),
+    )
+
+
+class ScaleByAmsgradState(NamedTuple):
+    """The step count, Adam's moments and the running maximum of the second (optax's names)."""
+
+    count: Tensor  # type: ignore[assignment]  # optax's name, which shadows tuple.count
+    mu: Params
+    nu: Params
+    nu_max: Params
+
+
+def _amsgrad_init(mu_dtype: torch.dtype | None, params: Params) -> ScaleByAmsgradState:
+    return ScaleByAmsgradState(_count(params), zeros(params, mu_dtype), zeros(params), zeros(params))
+
+
+def _amsgrad_update(
+    b1: Scalar, b2: Scalar, eps: Scalar, eps_root: Scalar, mu_dtype: torch.dtype | None, bc_mu: bool, bc_nu: bool,
+    updates: Updates, state: State, params: Params | None = None, **extra_args: Any,
+) -> tuple[Updates, State]:  # fmt: skip
+    who = "scale_by_amsgrad update"
+    _check_state(state, ScaleByAmsgradState, who)
+    count = _increment(state.count)
+
+    def one(g: Tensor, m0: Tensor, v0: Tensor, vmax0: Tensor) -> tuple[Tensor, ...]:
+        c1, c2 = coef(b1, g), coef(b2, g)
+        mu, nu = _ema(g, m0, c1), _ema(abs_sq(g), v0, c2)
+        mu_hat = _bc(mu, c1, count) if bc_mu else mu
+        nu_max = torch.maximum(vmax0, _bc(nu, c2, count) if bc_nu else nu)
+        u = mu_hat / (torch.sqrt(nu_max + coef(eps_root, g)) + coef(eps, g))
+        return u, mu if mu_dtype is None else mu.to(mu_dtype), nu, nu_max
+
+    out, mu, nu, nu_max = leafwise(who, one, updates, state.mu, state.nu, state.nu_max, n_out=4)
+    return out, ScaleByAmsgradState(count, mu, nu, nu_max)
+
+
+@accepts_schedules
+def scale_by_amsgrad(
+    b1: Scalar = 0.9,
+    b2: Scalar = 0.999,
+    eps: Scalar = 1e-8,
+    eps_root: Scalar = 0.0,
+    mu_dtype: torch.dtype | None = None,
+    bias_correction_mu: bool = True,
+    bias_correction_nu: bool = True,
+) -> GradientTransformation:
+    """AMSGrad's scaling (Reddi et al. 2018; optax's ``scale_by_amsgrad``): Adam's, over
+    the running maximum of the (bias-corrected) second moment.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> tx = fo.scale_by_amsgrad()
+        >>> g = [torch.tensor([0.5, -2.0])]
+        >>> tx.update(g, tx.init(g))[0]
+        [tensor([ 1., -1.])]
+    """
+    return GradientTransformation(
+        functools.partial(_amsgrad_init, mu_dtype),
+        functools.partial(
+            _amsgrad_update, b1, b2, eps, eps_root, mu_dtype, bias_correction_mu, bias_correction_nu
+        ),
+    )
+
+
+def _adamax_update(
+    b1: Scalar, b2: Scalar, eps: Scalar,
+    updates: Updates, state: State, params: Params | None = None, **extra_args: Any,
+) -> tuple[Updates, State]:  # fmt: skip
+    who = "scale_by_adamax update"
+    _check_state(state, ScaleByAdamState, who)
+    count = _increment(state.count)
+
+    def one(g: Tensor, m0: Tensor, v0: Tensor) -> tuple[Tensor, ...]:
+        c1 = coef(b1, g)
+        mu = _ema(g, m0, c1)
+        nu = torch.maximum(torch.abs(g) + coef(eps, g), coef(b2, g) * v0)
+        return _bc(mu, c1, count) / nu, mu, nu
+
+    out, mu, nu = leafwise(who, one, updates, state.mu, state.nu, n_out=3)
+    return out, ScaleByAdamState(count, mu, nu)
+
+
+@accepts_schedules
+def scale_by_adamax(b1: Scalar = 0.9, b2: Scalar = 0.999, eps: Scalar = 1e-8) -> GradientTransformation:
+    """AdaMax's scaling (Kingma and Ba 2015; optax's ``scale_by_adamax``): the
+    bias-corrected first moment over the decayed infinity norm ``max(|g| + eps, b2 * nu)``.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> tx = fo.scale_by_adamax(eps=0.0)
+        >>> g = [torch.tensor([0.5, -2.0])]
+        >>> tx.update(g, tx.init(g))[0]
+        [tensor([ 1., -1.])]
+    """
+    return GradientTransformation(_adam_init, functools.partial(_adamax_update, b1, b2, eps))
+
+
+# ---------------------------------------------------------------- Adan
+
+
+class ScaleByAdanState(NamedTuple):
+    """Adan's moments ``m``, ``v``, ``n``, the last gradient ``g`` and the step count ``t``."""
+
+    m: Params
+    v: Params
+    n: Params
+    g: Params
+    t: Tensor
+
+
+def _adan_init(params: Params) -> ScaleByAdanState:
+    return ScaleByAdanState(zeros(params), zeros(params), zeros(params), zeros(params), _count(params))
+
+
+def _adan_update(
+    b1: Scalar, b2: Scalar, b3: Scalar, eps: Scalar, eps_root: Scalar,
+    updates: Updates, state: State, params: Params | None = None, **extra_args: Any,
+) -> tuple[Updates, State]:  # fmt: skip
+    who = "scale_by_adan update"
+    _check_state(state, ScaleByAdanState, who)
+    t = _increment(state.t)
+    first = state.t == 0
+
+    def one(g: Tensor, m0: Tensor, v0: Tensor, n0: Tensor, g0: Tensor) -> tuple[Tensor, ...]:
+        c1, c2, c3 = coef(b1, g), coef(b2, g), coef(b3, g)
+        diff = torch.where(first, torch.zeros_like(g), g - g0)
+        m, v = _ema(g, m0, c1), _ema(diff, v0, c2)
+        n = _ema(abs_sq(g + (1 - c2) * diff), n0, c3)
+        u = _bc(m, c1, t) + (1 - c2) * _bc(v, c2, t)
+        return u / (torch.sqrt(_bc(n, c3, t) + coef(eps_root, g)) + coef(eps, g)), m, v, n, g
+
+    out, m, v, n, g = leafwise(who, one, updates, state.m, state.v, state.n, state.g, n_out=5)
+    return out, ScaleByAdanState(m, v, n, g, t)
+
+
+@accepts_schedules
+def scale_by_adan(
+    b1: Scalar = 0.98, b2: Scalar = 0.92, b3: Scalar = 0.99, eps: Scalar = 1e-8, eps_root: Scalar = 0.0
+) -> GradientTransformation:
+    """Adan's scaling (Xie et al. 2022, Algorithm 1; optax's ``scale_by_adan``): moments
+    of the gradient, of its difference from the last one, and of their Nesterov sum.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> tx = fo.scale_by_adan(eps=0.0)
+        >>> g = [torch.tensor([0.5, -2.0])]
+        >>> tx.update(g, tx.init(g))[0]
+        [tensor([ 1., -1.])]
+    """
+    return GradientTransformation(_adan_init, functools.partial(_adan_update, b1, b2, b3, eps, eps_root))
+
+
+# ---------------------------------------------------------------- NovoGrad
+
+
+class ScaleByNovogradState(NamedTuple):
+    """The step count, the first moment and, per param, a 0-d second moment (of the
+    gradient's squared norm)."""
+
+    count: Tensor  # type: ignore[assignment]  # optax's name, which shadows tuple.count
+    mu: Params
+    nu: Params
+
+
+def _novograd_init(mu_dtype: torch.dtype | None, params: Params) -> ScaleByNovogradState:
+    nu = optree.tree_map(lambda p: torch.zeros((), dtype=p.dtype, device=p.device), params)
+    return ScaleByNovogradState(_count(params), zeros(params, mu_dtype), nu)
+
+
+def _novograd_update(
+    b1: Scalar, b2: Scalar, eps: Scalar, eps_root: Scalar, weight_decay: Scalar, mu_dtype: torch.dtype | None,
+    updates: Updates, state: State, params: Params | None = None, **extra_args: Any,
+) -> tuple[Updates, State]:  # fmt: skip
+    who = "scale_by_novograd update"
+    _check_state(state, ScaleByNovogradState, who)
+    check_params(who, params)
+    count = _increment(state.count)
+    first = count == 1
+
+    def one(g: Tensor, m0: Tensor, v0: Tensor, p: Tensor) -> tuple[Tensor, ...]:
+        sq = torch.linalg.vector_norm(g) ** 2
+        nu = torch.where(first, sq.to(v0.dtype), _ema(sq, v0, coef(b2, g)))
+        step = g / (torch.sqrt(nu + coef(eps_root, g)) + coef(eps, g)) + coef(weight_decay, g) * p
+        mu = torch.where(first, step, coef(b1, g) * m0 + step)
+        mu = mu if mu_dtype is None else mu.to(mu_dtype)
+        return mu, mu, nu
+
+    out, mu, nu = leafwise(who, one, updates, state.mu, state.nu, params, n_out=3)
+    return out, ScaleByNovogradState(count, mu, nu)
+
+
+@accepts_schedules
+def scale_by_novograd(
+    b1: Scalar = 0.9,
+    b2: Scalar = 0.25,
+    eps: Scalar = 1e-8,
+    eps_root: Scalar = 0.0,
+    weight_decay: Scalar = 0.0,
+    mu_dtype: torch.dtype | None = None,
+) -> GradientTransformation:
+    """NovoGrad's scaling (Ginsburg et al. 2019; optax's ``scale_by_novograd``): layer-wise
+    second moments (of each param's squared gradient norm), weight decay inside the
+    momentum. `update` needs the params.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> tx = fo.scale_by_novograd(eps=0.0)
+        >>> g, p = [torch.tensor([3.0, 4.0])], [torch.zeros(2)]
+        >>> tx.update(g, tx.init(p), p)[0]  # g / |g|
+        [tensor([0.6000, 0.8000])]
+    """
+    return GradientTransformation(
+        functools.partial(_novograd_init, mu_dtype),
+        functools.partial(_novograd_update, b1, b2, eps, eps_root, weight_decay, mu_dtype),
+    )
+
+
+# ---------------------------------------------------------------- optimistic gradient
+
+
+class ScaleByOptimisticGradientState(NamedTuple):
+    """Whether no step was taken yet, and the last updates (optax's names)."""
+
+    is_initial_step: Tensor
+    previous_gradient: Params
+
+
+def _optimistic_init(params: Params) -> ScaleByOptimisticGradientState:
+    return ScaleByOptimisticGradientState(
+        torch.ones((), dtype=torch.bool, device=device_of(params)), zeros(params)
+    )
+
+
+def _optimistic_update(
+    alpha: Scalar,
+    beta: Scalar,
+    updates: Updates,
+    state: State,
+    params: Params | None = None,
+    **extra_args: Any,
+) -> tuple[Updates, State]:
+    who = "scale_by_optimistic_gradient update"
+    _check_state(state, ScaleByOptimisticGradientState, who)
+
+    def one(g: Tensor, g0: Tensor) -> tuple[Tensor, ...]:
+        prev = torch.where(state.is_initial_step, g, g0)
+        a, b = coef(alpha, g), coef(beta, g)
+        return (a + b) * g - b * prev, g
+
+    out, prev = leafwise(who, one, updates, state.previous_gradient, n_out=2)
+    return out, ScaleByOptimisticGradientState(torch.zeros_like(state.is_initial_step), prev)
+
+
+@accepts_schedules
+def scale_by_optimistic_gradient(alpha: Scalar = 1.0, beta: Scalar = 1.0) -> GradientTransformation:
+    """The optimistic gradient (Daskalakis et al. 2017; optax's
+    ``scale_by_optimistic_gradient``): ``(alpha + beta) * g - beta * g_prev``, with the
+    current gradient as ``g_prev`` at the first step.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> tx = fo.scale_by_optimistic_gradient()
+        >>> g = [torch.tensor([1.0])]
+        >>> u, s = tx.update(g, tx.init(g))
+        >>> tx.update([torch.tensor([3.0])], s)[0]  # 2 * 3 - 1
+        [tensor([5.])]
+    """
+    return GradientTransformation(_optimistic_init, functools.partial(_optimistic_update, alpha, beta))

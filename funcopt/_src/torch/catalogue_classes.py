@@ -1,0 +1,505 @@
+"""Drop-in ``torch.optim.Optimizer`` classes for the catalogue's optimizers: thin
+subclasses of `fo.Optimizer` (which runs any transformation as a torch optimizer) with
+torch-style constructors (``params, lr, betas, eps, weight_decay``). Each steps exactly
+as its functional form (optax's math); param groups, lr schedulers, ``state_dict`` and
+hooks work as for any torch optimizer. Where the method's own torch package differs
+from optax's math, the class docstring says how."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ..catalogue.adaptive import dadapt_adamw, momo, prodigy
+from ..catalogue.aliases import adabelief, adan, lamb, lars, nadamw, novograd, polyak_sgd, signum, sm3, yogi
+from ..catalogue.contrib import ademamix, adopt, madgrad
+from ..core.base import GradientTransformation
+from .adapter import Optimizer
+
+__all__ = [
+    "AdEMAMix",
+    "AdaBelief",
+    "Adan",
+    "Adopt",
+    "DAdaptAdamW",
+    "Lamb",
+    "Lars",
+    "MADGRAD",
+    "Momo",
+    "NAdamW",
+    "NovoGrad",
+    "PolyakSGD",
+    "Prodigy",
+    "SM3",
+    "Signum",
+    "Yogi",
+]
+
+ParamsT = Iterable[Any]
+
+
+def _check(lr: Any = 0.0, eps: Any = 0.0, weight_decay: Any = 0.0, betas: tuple[Any, ...] = ()) -> None:
+    """torch.optim's argument checks, with its messages."""
+    if not isinstance(lr, (int, float)) or isinstance(lr, bool):
+        if not hasattr(lr, "shape"):
+            raise TypeError(f"lr must be a number or a 0-d tensor, got {type(lr).__name__}")
+    elif lr < 0.0:
+        raise ValueError(f"Invalid learning rate: {lr}")
+    if not 0.0 <= eps:
+        raise ValueError(f"Invalid epsilon value: {eps}")
+    if not 0.0 <= weight_decay:
+        raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+    for i, beta in enumerate(betas):
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"Invalid beta parameter at index {i}: {beta}")
+
+
+# module-level factories, so that the optimizers pickle; fo.Optimizer calls each with the
+# param group's current values at every step (an lr scheduler's lr included)
+
+
+def _lamb(lr: Any, betas: Any, eps: Any, weight_decay: Any) -> GradientTransformation:
+    return lamb(lr, b1=betas[0], b2=betas[1], eps=eps, weight_decay=weight_decay)
+
+
+class Lamb(Optimizer):
+    """LAMB (You et al. 2020) as `fo.lamb`: Adam, decoupled weight decay, then the
+    layer-wise trust ratio (optax's math; timm's ``Lamb``, which clips the gradients'
+    global norm by default, was not compared: timm needs torchvision).
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> model = torch.nn.Linear(2, 1)
+        >>> opt = fo.Lamb(model.parameters(), lr=1e-3, weight_decay=0.01)
+        >>> model(torch.ones(1, 2)).sum().backward()
+        >>> opt.step()
+    """
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+    ) -> None:
+        _check(lr, eps, weight_decay, betas)
+        super().__init__(params, _lamb, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+
+
+def _lars(
+    lr: Any, momentum: Any, weight_decay: Any, trust_coefficient: Any, eps: Any, nesterov: bool
+) -> GradientTransformation:
+    return lars(
+        lr,
+        weight_decay=weight_decay,
+        trust_coefficient=trust_coefficient,
+        eps=eps,
+        momentum=momentum,
+        nesterov=nesterov,
+    )
+
+
+class Lars(Optimizer):
+    """LARS (You et al. 2017) as `fo.lars`: weight decay, the trust ratio, the learning
+    rate, then momentum (optax's math; timm's ``Lars`` was not compared).
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> opt = fo.Lars(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+    """
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1.0,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        trust_coefficient: float = 0.001,
+        eps: float = 0.0,
+        nesterov: bool = False,
+    ) -> None:
+        _check(lr, eps, weight_decay, (momentum,))
+        super().__init__(
+            params, _lars, lr=lr, momentum=momentum, weight_decay=weight_decay,
+            trust_coefficient=trust_coefficient, eps=eps, nesterov=nesterov,
+        )  # fmt: skip
+
+
+def _adan(lr: Any, betas: Any, eps: Any, weight_decay: Any, eps_root: Any) -> GradientTransformation:
+    return adan(
+        lr, b1=betas[0], b2=betas[1], b3=betas[2], eps=eps, eps_root=eps_root, weight_decay=weight_decay
+    )
+
+
+class Adan(Optimizer):
+    """Adan (Xie et al. 2022) as `fo.adan`, ``betas=(b1, b2, b3)`` as optax's decay
+    rates (the paper writes ``1 - beta``: its ``(0.02, 0.08, 0.01)`` is this default).
+    optax's math; timm's ``Adan`` was not compared.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> opt = fo.Adan(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
+    """
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float, float] = (0.98, 0.92, 0.99),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        eps_root: float = 1e-8,
+    ) -> None:
+        _check(lr, eps, weight_decay, betas)
+        super().__init__(
+            params, _adan, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, eps_root=eps_root
+        )
+
+
+def _adabelief(lr: Any, betas: Any, eps: Any, eps_root: Any) -> GradientTransformation:
+    return adabelief(lr, b1=betas[0], b2=betas[1], eps=eps, eps_root=eps_root)
+
+
+class AdaBelief(Optimizer):
+    """AdaBelief (Zhuang et al. 2020) as `fo.adabelief` (optax's math: ``eps_root`` is
+    added to the second moment at each step, ``eps`` to its root).
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> opt = fo.AdaBelief(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
+    """
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-16,
+        eps_root: float = 1e-16,
+    ) -> None:
+        _check(lr, eps, 0.0, betas)
+        super().__init__(params, _adabelief, lr=lr, betas=tuple(betas), eps=eps, eps_root=eps_root)
+
+
+def _yogi(lr: Any, betas: Any, eps: Any) -> GradientTransformation:
+    return yogi(lr, b1=betas[0], b2=betas[1], eps=eps)
+
+
+class Yogi(Optimizer):
+    """Yogi (Zaheer et al. 2018) as `fo.yogi`.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> opt = fo.Yogi(torch.nn.Linear(2, 1).parameters(), lr=1e-2)
+    """
+
+    def __init__(
+        self, params: ParamsT, lr: float = 1e-2, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-3
+    ) -> None:
+        _check(lr, eps, 0.0, betas)
+        super().__init__(params, _yogi, lr=lr, betas=tuple(betas), eps=eps)
+
+
+def _novograd(lr: Any, betas: Any, eps: Any, weight_decay: Any) -> GradientTransformation:
+    return novograd(lr, b1=betas[0], b2=betas[1], eps=eps, weight_decay=weight_decay)
+
+
+class NovoGrad(Optimizer):
+    """NovoGrad (Ginsburg et al. 2019) as `fo.novograd`.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> opt = fo.NovoGrad(torch.nn.Linear(2, 1).parameters(), lr=1e-2)
+    """
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.25),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+    ) -> None:
+        _check(lr, eps, weight_decay, betas)
+        super().__init__(params, _novograd, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+
+
+def _nadamw(lr: Any, betas: Any, eps: Any, weight_decay: Any) -> GradientTransformation:
+    return nadamw(lr, b1=betas[0], b2=betas[1], eps=eps, weight_decay=weight_decay)
+
+
+class NAdamW(Optimizer):
+    """NAdamW as optax's `fo.nadamw` (Dozat's Nesterov Adam with decoupled weight decay;
+    torch's ``NAdam(decoupled_weight_decay=True)`` adds a momentum-decay schedule).
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> opt = fo.NAdamW(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
+    """
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-4,
+    ) -> None:
+        _check(lr, eps, weight_decay, betas)
+        super().__init__(params, _nadamw, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+
+
+def _adopt(lr: Any, betas: Any, eps: Any) -> GradientTransformation:
+    return adopt(lr, b1=betas[0], b2=betas[1], eps=eps)
+
+
+class Adopt(Optimizer):
+    """ADOPT (Taniguchi et al. 2024) as `fo.adopt`.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> opt = fo.Adopt(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
+    """
+
+    def __init__(
+        self, params: ParamsT, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.9999), eps: float = 1e-6
+    ) -> None:
+        _check(lr, eps, 0.0, betas)
+        super().__init__(params, _adopt, lr=lr, betas=tuple(betas), eps=eps)
+
+
+def _ademamix(lr: Any, betas: Any, alpha: Any, eps: Any, weight_decay: Any) -> GradientTransformation:
+    return ademamix(
+        lr, b1=betas[0], b2=betas[1], b3=betas[2], alpha=alpha, eps=eps, weight_decay=weight_decay
+    )
+
+
+class AdEMAMix(Optimizer):
+    """AdEMAMix (Pagliardini et al. 2024) as `fo.ademamix`, ``betas=(b1, b2, b3)``.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> opt = fo.AdEMAMix(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
+    """
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float, float] = (0.9, 0.999, 0.9999),
+        alpha: float = 5.0,
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ) -> None:
+        _check(lr, eps, weight_decay, betas)
+        super().__init__(
+            params, _ademamix, lr=lr, betas=tuple(betas), alpha=alpha, eps=eps, weight_decay=weight_decay
+        )
+
+
+def _prodigy(
+    lr: Any, betas: Any, beta3: Any, eps: Any, weight_decay: Any, use_bias_correction: bool, safeguard_warmup: bool,
+    d0: Any, d_coef: Any,
+) -> GradientTransformation:  # fmt: skip
+    return prodigy(
+        lr, betas=(betas[0], betas[1]), beta3=beta3, eps=eps, estim_lr0=d0, estim_lr_coef=d_coef,
+        weight_decay=weight_decay, safeguard_warmup=safeguard_warmup, bias_correction=use_bias_correction,
+    )  # fmt: skip
+
+
+class Prodigy(Optimizer):
+    """Prodigy (Mishchenko and Defazio 2023) with the constructor of the authors'
+    ``prodigyopt.Prodigy`` (its ``decouple=True``; no ``growth_rate``, ``slice_p`` or
+    ``fsdp_in_use``): for one param group it steps as ``prodigyopt`` to float64
+    round-off. With several groups ``prodigyopt`` estimates one step size for all of
+    them, this class one per group (each group steps on its own, as in `fo.Optimizer`).
+    With ``use_bias_correction=True`` it is optax's ``prodigy``.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> opt = fo.Prodigy(torch.nn.Linear(2, 1).parameters())
+    """
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        beta3: float | None = None,
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        use_bias_correction: bool = False,
+        safeguard_warmup: bool = False,
+        d0: float = 1e-6,
+        d_coef: float = 1.0,
+    ) -> None:
+        _check(lr, eps, weight_decay, betas)
+        super().__init__(
+            params, _prodigy, lr=lr, betas=tuple(betas), beta3=beta3, eps=eps, weight_decay=weight_decay,
+            use_bias_correction=use_bias_correction, safeguard_warmup=safeguard_warmup, d0=d0, d_coef=d_coef,
+        )  # fmt: skip
+
+
+def _dadapt(
+    lr: Any, betas: Any, eps: Any, weight_decay: Any, use_bias_correction: bool, d0: Any
+) -> GradientTransformation:
+    return dadapt_adamw(
+        lr, betas=(betas[0], betas[1]), eps=eps, estim_lr0=d0, weight_decay=weight_decay,
+        bias_correction=use_bias_correction,
+    )  # fmt: skip
+
+
+class DAdaptAdamW(Optimizer):
+    """D-Adaptation AdamW (Defazio and Mishchenko 2023) with the constructor of the
+    authors' ``dadaptation.DAdaptAdam(decouple=True)`` (no ``growth_rate``,
+    ``log_every`` or ``fsdp_in_use``): for one param group it steps as ``dadaptation``
+    to float64 round-off. With several groups ``dadaptation`` estimates one step size
+    for all, this class one per group. With ``use_bias_correction=True`` it is optax's
+    ``dadapt_adamw``.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> opt = fo.DAdaptAdamW(torch.nn.Linear(2, 1).parameters())
+    """
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        use_bias_correction: bool = False,
+        d0: float = 1e-6,
+    ) -> None:
+        _check(lr, eps, weight_decay, betas)
+        super().__init__(
+            params, _dadapt, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+            use_bias_correction=use_bias_correction, d0=d0,
+        )  # fmt: skip
+
+
+def _madgrad(lr: Any, momentum: Any, weight_decay: Any, eps: Any) -> GradientTransformation:
+    return madgrad(lr, momentum=momentum, weight_decay=weight_decay, eps=eps)
+
+
+class MADGRAD(Optimizer):
+    """MADGRAD (Defazio and Jelassi 2021) as optax's `fo.madgrad` (weight decay added
+    to the gradient).
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> opt = fo.MADGRAD(torch.nn.Linear(2, 1).parameters(), lr=1e-2)
+    """
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-2,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        eps: float = 1e-6,
+    ) -> None:
+        _check(lr, eps, weight_decay, (momentum,))
+        super().__init__(params, _madgrad, lr=lr, momentum=momentum, weight_decay=weight_decay, eps=eps)
+
+
+def _momo(
+    lr: Any, beta: Any, lower_bound: Any, weight_decay: Any, adapt_lower_bound: bool
+) -> GradientTransformation:
+    return momo(
+        lr, beta=beta, lower_bound=lower_bound, weight_decay=weight_decay, adapt_lower_bound=adapt_lower_bound
+    )
+
+
+class Momo(Optimizer):
+    """MoMo (Schaipp et al. 2023) as `fo.momo`. ``step(closure)`` is required: MoMo
+    reads the loss the closure returns.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> model = torch.nn.Linear(2, 1)
+        >>> opt = fo.Momo(model.parameters(), lr=1.0)
+        >>> def closure():
+        ...     opt.zero_grad()
+        ...     loss = model(torch.ones(1, 2)).pow(2).sum()
+        ...     loss.backward()
+        ...     return loss
+        >>> loss = opt.step(closure)
+    """
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1.0,
+        beta: float = 0.9,
+        lower_bound: float = 0.0,
+        weight_decay: float = 0.0,
+        adapt_lower_bound: bool = False,
+    ) -> None:
+        _check(lr, 0.0, weight_decay, (beta,))
+        super().__init__(
+            params, _momo, lr=lr, beta=beta, lower_bound=lower_bound, weight_decay=weight_decay,
+            adapt_lower_bound=adapt_lower_bound,
+        )  # fmt: skip
+
+
+def _polyak(lr: Any, max_lr: Any, f_min: Any, eps: Any, variant: str) -> GradientTransformation:
+    return polyak_sgd(max_learning_rate=max_lr, scaling=lr, f_min=f_min, eps=eps, variant=variant)
+
+
+class PolyakSGD(Optimizer):
+    """SGD with the Polyak step size as `fo.polyak_sgd` (``lr`` is its ``scaling``,
+    ``max_lr`` its ``max_learning_rate``). ``step(closure)`` is required: it reads the loss.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> opt = fo.PolyakSGD(torch.nn.Linear(2, 1).parameters(), max_lr=0.5)
+    """
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1.0,
+        max_lr: float = 1.0,
+        f_min: float = 0.0,
+        eps: float = 0.0,
+        variant: str = "sps",
+    ) -> None:
+        _check(lr, eps, 0.0)
+        super().__init__(params, _polyak, lr=lr, max_lr=max_lr, f_min=f_min, eps=eps, variant=variant)
+
+
+def _sm3(lr: Any, momentum: Any) -> GradientTransformation:
+    return sm3(lr, momentum=momentum)
+
+
+class SM3(Optimizer):
+    """SM3 (Anil et al. 2019) as `fo.sm3`.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> opt = fo.SM3(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+    """
+
+    def __init__(self, params: ParamsT, lr: float = 0.1, momentum: float = 0.9) -> None:
+        _check(lr, 0.0, 0.0, (momentum,))
+        super().__init__(params, _sm3, lr=lr, momentum=momentum)
+
+
+def _signum(lr: Any, momentum: Any) -> GradientTransformation:
+    return signum(lr, beta=momentum)
+
+
+class Signum(Optimizer):
+    """Signum (Bernstein et al. 2018) as `fo.signum` (``momentum`` is its ``beta``).
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> opt = fo.Signum(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
+    """
+
+    def __init__(self, params: ParamsT, lr: float = 1e-3, momentum: float = 0.9) -> None:
+        _check(lr, 0.0, 0.0, (momentum,))
+        super().__init__(params, _signum, lr=lr, momentum=momentum)
