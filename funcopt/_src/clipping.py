@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from .base import GradientTransformation, Params, State, Updates, empty_init, flatten_together, real_dtype
+from .ops import safe_sqrt
 from .wrappers import accepts_schedules
 
 Scalar = float | Tensor
@@ -131,7 +132,7 @@ def _clip_by_block_rms_update(
     threshold: Scalar, updates: Updates, state: State, params: Params | None = None, **extra_args: Any
 ) -> tuple[Updates, State]:
     def one(u: Tensor) -> Tensor:
-        rms = abs_sq(u).mean().sqrt()
+        rms = safe_sqrt(abs_sq(u).mean())  # a derivative of 0 where the block is all 0
         return u / torch.clamp(rms / coef(threshold, u), min=1.0)
 
     return map_updates(one, updates), state
