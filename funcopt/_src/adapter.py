@@ -37,7 +37,7 @@ from torch import Tensor
 from torch.optim.optimizer import ParamsT, _device_dtype_check_for_fused
 
 from . import chain_inplace, fused, inplace
-from .algorithm import Algorithm, Hyperparams, normalize, rows, torch_counter
+from .algorithm import Algorithm, Hyperparams, checking_tensors, normalize, rows, torch_counter
 from .base import (
     DTYPE,
     IS_SPARSE,
@@ -116,7 +116,9 @@ def _check_transform(transform: Any, defaults: dict[str, Any]) -> None:
             f"but got {type(transform).__name__}"
         )
     else:  # built once now, so that a bad or unknown hyperparameter fails here, as in torch
-        _refuse_lookahead(_build(transform, hyperparams))
+        with checking_tensors():  # a tensor's value too, as torch's classes check it
+            built = _build(transform, hyperparams)
+        _refuse_lookahead(built)
 
 
 def _refuse_lookahead(transform: GradientTransformation) -> None:
