@@ -87,7 +87,9 @@ def test_factory_form_holds_every_argument_of_the_factory():
     """Defaults included, in `defaults` and in each group, as torch's classes hold theirs;
     a group overrides any, and a lambda's defaults count too."""
     params = [torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(3))]
-    opt = fo.Optimizer([{"params": params[:1]}, {"params": params[1:], "betas": (0.8, 0.9)}], fo.adamw, lr=1e-3)
+    opt = fo.Optimizer(
+        [{"params": params[:1]}, {"params": params[1:], "betas": (0.8, 0.9)}], fo.adamw, lr=1e-3
+    )
     expected = {
         name: p.default
         for name, p in inspect.signature(fo.adamw).parameters.items()
@@ -96,7 +98,9 @@ def test_factory_form_holds_every_argument_of_the_factory():
     assert opt.defaults == {**expected, "lr": 1e-3}
     assert opt.param_groups[0]["betas"] == (0.9, 0.999) and opt.param_groups[1]["betas"] == (0.8, 0.9)
     assert all(group["momentum"] == 0 for group in fo.Optimizer(params, fo.sgd, lr=0.1).param_groups)
-    chain = fo.Optimizer(params, lambda lr, b1=0.9: fo.chain(fo.clip(1.0), fo.adam(lr=lr, betas=(b1, 0.99))), lr=0.1)
+    chain = fo.Optimizer(
+        params, lambda lr, b1=0.9: fo.chain(fo.clip(1.0), fo.adam(lr=lr, betas=(b1, 0.99))), lr=0.1
+    )
     assert chain.defaults == {"lr": 0.1, "b1": 0.9}
     # the default is the value the factory takes: the same step as without it
     for p in params:
@@ -120,7 +124,9 @@ def test_scheduler_on_a_built_transformation_says_how_to_schedule(sched):
         with pytest.raises(ValueError, match="momentum"):
             make(opt)
         make = lambda o: L.OneCycleLR(o, max_lr=0.05, total_steps=10, cycle_momentum=False)  # noqa: E731
-    with pytest.raises(MissingHyperparameterError, match=r"no 'lr'.*fo.Optimizer\(params, fo.adamw, lr=1e-3\)") as e:
+    with pytest.raises(
+        MissingHyperparameterError, match=r"no 'lr'.*fo.Optimizer\(params, fo.adamw, lr=1e-3\)"
+    ) as e:
         make(opt)
     assert isinstance(e.value, KeyError) and "inject_hyperparams" in str(e.value)
 
