@@ -379,6 +379,36 @@ def test_bad_types_raise():
         )
 
 
+@pytest.mark.parametrize(("name", "kwargs", "horizon"), CASES, ids=IDS)
+def test_counts_that_are_no_numbers_raise_type_error(name, kwargs, horizon):
+    """A string count raises TypeError, as optax's schedules do; so does a bool (optax
+    takes True as 1), where ``float()`` or integer math would read one as a count."""
+    schedule = build(fo, name, kwargs)
+    for count in ("5", True, False, torch.tensor(True), None):
+        with pytest.raises(TypeError, match="the count must be a number or a tensor of numbers"):
+            schedule(count)
+    schedule(5), schedule(5.0), schedule(torch.tensor(5)), schedule(np.int64(5))  # counts
+
+
+def test_optax_refuses_a_string_count():
+    """Where optax computes with the count (not a constant, nor a degenerate schedule)."""
+    for name in ("linear_schedule", "cosine_decay_schedule", "exponential_decay"):
+        kwargs = {"linear_schedule": dict(init_value=1.0, end_value=0.0, transition_steps=10),
+                  "cosine_decay_schedule": dict(init_value=1.0, decay_steps=10),
+                  "exponential_decay": dict(init_value=1.0, transition_steps=3, decay_rate=0.5)}[name]  # fmt: skip
+        with pytest.raises(TypeError):
+            build(optax, name, kwargs)("5")
+        with pytest.raises(TypeError):
+            build(fo, name, kwargs)("5")
+
+
+def test_bool_steps_raise_type_error():
+    with pytest.raises(TypeError, match="transition_steps must be a Python number"):
+        fo.linear_schedule(1.0, 0.0, True)
+    with pytest.raises(TypeError, match="each boundary must be a Python number"):
+        fo.join_schedules([fo.constant_schedule(0.1), fo.constant_schedule(0.2)], [True])
+
+
 def test_join_of_user_functions():
     """A schedule of the user's returning numbers joins with tensors too."""
     joined = fo.join_schedules([lambda c: 0.5, fo.linear_schedule(1.0, 0.0, 4)], [2])

@@ -112,9 +112,8 @@ def adagrad(
         eps: added to the denominator (after the square root).
         maximize: maximize the objective instead of minimizing it.
         eps_root: added inside the square root, ``sqrt(sum + eps_root)`` (funcopt only;
-            0 is torch's rule). With ``initial_accumulator_value=0`` a gradient entry
-            that is exactly zero makes a meta-gradient through the step NaN (the
-            derivative of ``sqrt`` at 0); a tiny ``eps_root`` keeps it finite.
+            0 is torch's rule). Not needed for finite meta-gradients: the functional
+            step takes ``sqrt`` with derivative 0 at 0.
 
     Hyperparameters may be 0-d tensors, to differentiate or ``vmap`` over them.
     Sparse gradients are accepted (without weight decay), as in torch.

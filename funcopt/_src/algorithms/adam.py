@@ -193,9 +193,8 @@ def adam(
         decoupled_weight_decay: multiply the params by ``1 - lr * weight_decay`` instead
             of adding ``weight_decay * param`` to the gradient (AdamW, see `adamw`).
         eps_root: added inside the square root, ``sqrt(v / (1 - beta2**t) + eps_root)``
-            (funcopt only; 0 is torch's rule). The derivative of ``sqrt`` at 0 is
-            infinite, so a meta-gradient through a step whose gradient has an exact zero
-            is NaN; a tiny ``eps_root`` (say 1e-16) keeps it finite.
+            (funcopt only, as optax's; 0 is torch's rule). Not needed for finite
+            meta-gradients: the functional step takes ``sqrt`` with derivative 0 at 0.
 
     Hyperparameters may be 0-d tensors, to differentiate or ``vmap`` over them.
 

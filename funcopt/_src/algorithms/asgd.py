@@ -50,24 +50,32 @@ def _schedule(
     lambd: Coef,
     alpha: Coef,
     t0: Coef,
+    as_torch_tensor: bool = False,
     **_: Any,
 ) -> tuple[tuple[Coef, Coef, Coef], tuple[Coef, Coef, Coef]]:
     # This step uses the eta and mu of the last (as read from their counters); the next
     # eta and mu follow from the new count, in torch's order of operations
     step = step + 1
-    new_eta = _as_tensor(lr / power(1 + lambd * lr * step, alpha), lr, lambd, alpha)
-    new_mu = _as_tensor(1 / at_least(step - t0, 1), t0)
+    new_eta = _as_tensor(lr / power(1 + lambd * lr * step, alpha), as_torch_tensor, lr, lambd, alpha)
+    new_mu = _as_tensor(1 / at_least(step - t0, 1), as_torch_tensor, t0)
     return (step, new_eta, new_mu), (eta, mu, 1 - lambd * eta)
 
 
-def _as_tensor(value: Coef, *sources: Coef) -> Coef:
+def _as_tensor(value: Coef, default_dtype: bool, *sources: Coef) -> Coef:
     """`value` rounded as torch's step rounds it before copying it into its counter
-    (``torch.as_tensor(value)``): to the default dtype where it was computed from Python
-    numbers (in doubles), or kept in the dtype of the tensor hyperparameters among
-    `sources` (torch computes in their dtype; a traced schedule, from float64 counters).
-    So a counter of another dtype (float64, loaded for float64 params) gets torch's value."""
+    (``torch.as_tensor(value)``): kept in the dtype of the tensor hyperparameters among
+    `sources` (torch computes in their dtype; a traced schedule, from float64 counters),
+    else where it was computed from Python numbers (in doubles), in the counter's dtype
+    (the functional state's, float64 for float64 params), or with `default_dtype` (the
+    ASGD class) in the default dtype first, so that a counter of another dtype (float64,
+    loaded by torch for float64 params) gets torch's value."""
     dtypes = [s.dtype for s in sources if isinstance(s, Tensor)]
-    dtype = functools.reduce(torch.promote_types, dtypes) if dtypes else torch.get_default_dtype()
+    if dtypes:
+        dtype = functools.reduce(torch.promote_types, dtypes)
+    elif default_dtype:
+        dtype = torch.get_default_dtype()
+    else:
+        return value
     if isinstance(value, Tensor):
         return value.to(dtype)
     return torch.tensor(value, dtype=dtype, device="cpu").item()

@@ -162,8 +162,8 @@ def radam(
             of adding ``weight_decay * param`` to the gradient.
         maximize: maximize the objective instead of minimizing it.
         eps_root: added inside the square root, ``sqrt(v + eps_root)`` (funcopt only; 0
-            is torch's rule): a tiny value keeps a meta-gradient through a step whose
-            gradient has an exact zero finite (the derivative of ``sqrt`` at 0 is infinite).
+            is torch's rule). Not needed for finite meta-gradients: the functional step
+            takes ``sqrt`` with derivative 0 at 0.
 
     For the first steps (while :math:`\\rho_t \\le 5`; the first five with the default
     betas) the step is SGD with momentum, ``lr * exp_avg / (1 - beta1**t)``, as in torch.

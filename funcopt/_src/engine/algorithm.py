@@ -40,6 +40,7 @@ torch.optim classes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import numbers
 import operator
@@ -75,6 +76,21 @@ from . import inplace
 from .ops import Pure, PureForEach, TensorList, nonzero
 
 Hyperparams = dict[str, Any]
+
+_check_tensors = False  # see `checking_tensors` (a global: torch.compile traces no ContextVar)
+
+
+@contextlib.contextmanager
+def checking_tensors() -> Iterator[None]:
+    """Inside, the factories (``fo.adamw``, ...) range-check tensor hyperparameters too,
+    as torch's classes do: for ``fo.Optimizer``'s construction from a factory. Outside,
+    a tensor may be batched or traced, and is never read in Python."""
+    global _check_tensors
+    before, _check_tensors = _check_tensors, True
+    try:
+        yield
+    finally:
+        _check_tensors = before
 
 
 @dataclass(frozen=True)
@@ -350,11 +366,12 @@ class Algorithm:
         return GradientTransformation(functools.partial(self.init, hp), functools.partial(self.update, hp))
 
     def transform(self, **hyperparams: Any) -> GradientTransformation:
-        """Range-check Python-number hyperparameters, then build the transformation. A
+        """Range-check Python-number hyperparameters (tensors too, inside
+        `checking_tensors`), then build the transformation. A
         hyperparameter may be a schedule (a function of the step count, such as
         ``fo.cosine_decay_schedule(...)``): the state then carries the count, and each
         update evaluates the schedules there (see ``hyperparams.with_schedules``)."""
-        self.check({k: v for k, v in hyperparams.items() if not has_schedule(v)})
+        self.check({k: v for k, v in hyperparams.items() if not has_schedule(v)}, _check_tensors)
         return with_schedules(self, hyperparams)
 
     def init(self, hyperparams: Hyperparams, params: Params) -> State:

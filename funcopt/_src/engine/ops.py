@@ -136,6 +136,39 @@ def at_least(x: Coef, floor: Coef) -> Coef:
     return max(floor, x)
 
 
+def safe_sqrt(x: Tensor) -> Tensor:
+    """``torch.sqrt(x)``, bit for bit, with a derivative of 0 where `x` is 0, the
+    convention of a subgradient. torch's derivative there is infinite, and a gradient
+    entry that is exactly zero (a dead ReLU unit's) then makes ``0 * inf = NaN`` in a
+    meta-gradient through Adam's ``sqrt(v)``. The root is taken of 1 in place of each 0
+    and the zeros are put back (`x` itself, detached: ``sqrt(-0.0)`` is ``-0.0``), so no
+    infinite derivative is formed, even in the branch that ``torch.where`` drops. For the
+    `Pure` ops, which autograd, forward-mode AD, torch.func and torch.compile run through."""
+    zero = x == 0
+    return torch.where(zero, x.detach(), torch.sqrt(torch.where(zero, 1.0, x)))
+
+
+_DIFFERENTIATING = (torch._C._functorch.TransformType.Grad, torch._C._functorch.TransformType.Jvp)
+
+
+def differentiable(x: Tensor) -> bool:
+    """Whether a derivative through `x` may be taken: autograd records it, a forward-mode
+    AD level is open, a torch.func ``grad`` or ``jvp`` transform runs (under ``vmap``
+    too), or torch.compile traces (its graph may be differentiated, and inductor fuses
+    `safe_sqrt`'s guard into the same loop). A ``vmap`` alone differentiates nothing."""
+    if x.requires_grad or forward_ad._current_level >= 0 or torch.compiler.is_compiling():
+        return True
+    stack = torch._C._functorch.get_interpreter_stack()
+    return stack is not None and any(i.key() in _DIFFERENTIATING for i in stack)
+
+
+def sqrt_derivative(grad: Tensor, root: Tensor) -> Tensor:
+    """``grad / (2 * root)``, torch's derivative of ``sqrt`` times `grad`, and 0 where
+    `root` is 0 (see `safe_sqrt`); itself differentiable with no NaN (a second derivative)."""
+    zero = root == 0
+    return torch.where(zero, 0.0, grad / (2 * torch.where(zero, 1.0, root)))
+
+
 class Fresh(NamedTuple):
     """``out`` as memory that holds no value yet, standing for a zero update: the first
     op that writes it assigns its result there, with no pass to zero it first, and
@@ -303,6 +336,25 @@ class ForEach:
         return out
 
 
+class _SqrtLists(torch.autograd.Function):
+    """`safe_sqrt` on lists, for `PureForEach` (plain autograd only): one foreach op forward,
+    and `sqrt_derivative` backward."""
+
+    @staticmethod
+    def forward(ctx: Any, *xs: Tensor) -> tuple[Tensor, ...]:
+        roots = tuple(torch._foreach_sqrt(xs))
+        ctx.save_for_backward(*roots)
+        return roots
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor, ...]:
+        return tuple(map(sqrt_derivative, grads, ctx.saved_tensors))
+
+
+def _sqrt_lists(xs: TensorList) -> TensorList:
+    return TensorList(_SqrtLists.apply(*xs))
+
+
 class PureForEach:
     """`Pure` on lists of tensors: one out-of-place ``torch._foreach_*`` call per op,
     which autograd records as one node for the whole group. For the functional update
@@ -332,7 +384,7 @@ class PureForEach:
 
     neg = staticmethod(_foreach(torch._foreach_neg))
     abs = staticmethod(_foreach(torch._foreach_abs))
-    sqrt = sqrt_ = staticmethod(_foreach(torch._foreach_sqrt))
+    sqrt = sqrt_ = staticmethod(_sqrt_lists)  # a derivative of 0 at 0 (see `safe_sqrt`)
     div = div_ = staticmethod(_foreach(torch._foreach_div))
     reciprocal_ = staticmethod(_foreach(torch._foreach_reciprocal))
     mul_ = staticmethod(_foreach(torch._foreach_mul))
@@ -446,8 +498,14 @@ class Pure:
 
     neg = staticmethod(torch.neg)
     abs = staticmethod(torch.abs)
-    sqrt = staticmethod(torch.sqrt)
-    sqrt_ = staticmethod(torch.sqrt)
+
+    @staticmethod
+    def sqrt(x: Tensor) -> Tensor:
+        """``torch.sqrt``, with a derivative of 0 at 0 (`safe_sqrt`) where one may be
+        taken (its guard costs three elementwise ops more)."""
+        return safe_sqrt(x) if differentiable(x) else torch.sqrt(x)
+
+    sqrt_ = sqrt
     reciprocal_ = staticmethod(torch.reciprocal)
     maximum_ = staticmethod(torch.maximum)
     clone = staticmethod(torch.clone)

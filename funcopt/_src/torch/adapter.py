@@ -39,7 +39,7 @@ from ..core.base import (
     StructureError,
     check_transformation,
 )
-from ..engine.algorithm import REGISTRY, Algorithm, Hyperparams, normalize, torch_counter
+from ..engine.algorithm import REGISTRY, Algorithm, Hyperparams, checking_tensors, normalize, torch_counter
 from ..transforms.wrappers import LookaheadState
 from . import chain_inplace, fused
 from .state import (
@@ -105,7 +105,9 @@ def _check_transform(transform: Any, defaults: dict[str, Any]) -> None:
             f"but got {type(transform).__name__}"
         )
     else:  # built once now, so that a bad or unknown hyperparameter fails here, as in torch
-        _refuse_lookahead(_build(transform, hyperparams))
+        with checking_tensors():  # a tensor's value too, as torch's classes check it
+            built = _build(transform, hyperparams)
+        _refuse_lookahead(built)
 
 
 def _refuse_lookahead(transform: GradientTransformation) -> None:
@@ -132,6 +134,54 @@ def _build(factory: TransformFactory, hyperparams: Hyperparams) -> GradientTrans
     return transform
 
 
+def _factory_defaults(transform: Any) -> dict[str, Any]:
+    """The arguments of a factory that have a default, at their defaults (none for a
+    transformation already built or an `Algorithm`): a param group holds every one, as
+    torch.optim's groups hold all of a class's arguments, so that a scheduler finds
+    ``betas`` or ``momentum`` (OneCycleLR and CyclicLR cycle them) where the constructor
+    was given only ``lr``."""
+    if isinstance(transform, (GradientTransformation, Algorithm)) or not callable(transform):
+        return {}
+    try:
+        parameters = inspect.signature(transform).parameters
+    except (TypeError, ValueError):  # a callable with no signature to read
+        return {}
+    return {
+        name: parameters[name].default
+        for name in _factory_args(transform)
+        if parameters[name].default is not inspect.Parameter.empty and name not in IMPLEMENTATION_FLAGS
+    }
+
+
+class MissingHyperparameterError(KeyError):
+    """A key that an lr scheduler (or other code) reads from a param group of an
+    `Optimizer` whose transformation reads no such hyperparameter. A KeyError, as torch
+    raises for a missing key, that says how to make it one."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class _ParamGroup(dict):
+    """The param group of an `Optimizer` that has no ``lr`` (a transformation passed
+    already built, or a factory that takes none): a missing key, which an lr scheduler
+    reads, raises a `MissingHyperparameterError` that says what to do, not a bare
+    KeyError deep in torch."""
+
+    def __missing__(self, key: Any) -> Any:
+        raise MissingHyperparameterError(
+            f"fo.Optimizer: the param groups have no {key!r}, which an lr scheduler reads and "
+            "sets: the transformation reads no hyperparameters from the groups (one passed "
+            "already built keeps those it was built with). To make the lr schedulable, pass a "
+            "factory and its hyperparameters, which each step builds the transformation from "
+            "(the group's current values): fo.Optimizer(params, fo.adamw, lr=1e-3), or for a "
+            "chain fo.Optimizer(params, lambda lr: fo.chain(fo.clip_by_global_norm(1.0), "
+            "fo.adamw(lr=lr)), lr=1e-3). fo.inject_hyperparams(fo.adamw) serves as such a "
+            "factory too, and records the lr in the state. Or give the lr a schedule inside "
+            "the transformation: fo.adamw(lr=fo.cosine_decay_schedule(1e-3, 1000))."
+        )
+
+
 def _factory_args(transform: Any) -> tuple[str, ...]:
     """The arguments a factory takes by name (none for a transformation already built, or
     an `Algorithm`, whose classes pass every one): a param group may set any of them,
@@ -155,10 +205,14 @@ class Optimizer(torch.optim.Optimizer):
         transform: a `GradientTransformation`, or a factory that builds one from
             hyperparameters (``fo.nadam``, or ``lambda lr: fo.chain(..., fo.nadam(lr))``).
         **defaults: the factory's hyperparameters. They become param-group entries, so
-            groups may override them and lr schedulers can drive ``lr``. A factory is
-            called again at each step with each group's current values (and once at
-            construction, so that a bad value fails there, as in torch). A transformation
-            already built reads none: it takes only torch's switches (``differentiable``).
+            groups may override them and lr schedulers can drive ``lr``; so does every
+            other argument of the factory that has a default, at that default (as
+            torch's classes list all theirs: OneCycleLR and CyclicLR find ``betas`` or
+            ``momentum`` to cycle). A factory is called again at each step with each
+            group's current values (and once at construction, so that a bad value fails
+            there, as in torch). A transformation already built reads none: it takes only
+            torch's switches (``differentiable``), and a scheduler on it raises an error
+            that says how to make the lr schedulable.
 
     Example:
         >>> import torch, funcopt as fo
@@ -199,6 +253,7 @@ class Optimizer(torch.optim.Optimizer):
         **defaults: Any,
     ) -> None:
         _check_transform(transform, defaults)
+        defaults = {**_factory_defaults(transform), **defaults}
         super().__init__(params, defaults)
         # Set after torch's __init__: where torch.compile traces the construction, it breaks
         # the graph there and loses the attributes set before it.
@@ -216,6 +271,13 @@ class Optimizer(torch.optim.Optimizer):
             for group in self.param_groups:
                 for p in group["params"]:
                     self.state[p] = self._new_state(p, group)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's ``add_param_group``; without an ``lr`` among the hyperparameters, the
+        group is a `_ParamGroup`, whose missing keys say how to make the lr schedulable."""
+        if "lr" not in self.defaults and type(param_group) is dict:
+            param_group = _ParamGroup(param_group)
+        super().add_param_group(param_group)
 
     # -- pickling and old checkpoints -----------------------------------------
 
@@ -251,6 +313,8 @@ class Optimizer(torch.optim.Optimizer):
         elif isinstance(state["_transform"], str):
             state = {**state, "_transform": REGISTRY[state["_transform"]]}
         super().__setstate__(state)
+        if "lr" not in self.defaults:  # (load_state_dict makes new groups: plain dicts)
+            self.param_groups = [_ParamGroup(g) if type(g) is dict else g for g in self.param_groups]
         if "_transform" in state:  # unpickled
             self._factory_args = _factory_args(self._transform)
         # Groups saved before a flag existed get the constructor's default for it, as

@@ -351,6 +351,12 @@ class ASGD(Optimizer):
             **fused_flag(fused),
         )
 
+    def _group_hyperparams(self, group: dict[str, Any]) -> Hyperparams:
+        """A group's hyperparameters, with the schedule told to round the next eta and
+        mu to the default dtype, as torch's ``torch.as_tensor`` does before it copies
+        them into its counters (of another dtype once loaded for float64 params)."""
+        return {**super()._group_hyperparams(group), "as_torch_tensor": True}
+
 
 class Muon(Optimizer):
     """Drop-in ``torch.optim.Muon``: same arguments, state keys and ``state_dict`` format,

@@ -48,7 +48,10 @@ from .step import _step_in_place
 
 class OnParam(Pure):
     """`Pure` ops for math whose ``out`` starts as the param itself (as the adapters'
-    `InPlace` step has it), not as a zero update: ``out`` is the new param so far."""
+    `InPlace` step has it), not as a zero update: ``out`` is the new param so far.
+    Nothing differentiates this step: its ``sqrt`` is torch's (no guard at 0)."""
+
+    sqrt = sqrt_ = staticmethod(torch.sqrt)  # type: ignore[assignment]
 
     @staticmethod
     def decay_(out: Tensor | None, p: Tensor, factor: Coef) -> Tensor:

@@ -680,7 +680,9 @@ def scale_by_adam(
     ``mu_hat / (sqrt(nu_hat + eps_root) + eps)`` with the bias-corrected moving averages
     of the updates (`b1`) and of their squares (`b2`); `nesterov` takes Dozat's Nesterov
     momentum. `mu_dtype` is the dtype of the stored first moment (default: the params').
-    Chain it with `scale_by_learning_rate` for Adam.
+    Chain it with `scale_by_learning_rate` for Adam. Its ``sqrt`` has derivative 0 at 0,
+    so a meta-gradient through it is finite where an update entry is exactly 0, also
+    with ``eps_root=0`` (optax's is NaN there).
 
     Example:
         >>> import torch, funcopt as fo

@@ -25,6 +25,7 @@ from ..core.base import (
     real_dtype,
 )
 from ..core.hyperparams import accepts_schedules
+from ..engine.ops import safe_sqrt
 
 Scalar = float | Tensor
 """A hyperparameter: a Python number or a 0-d tensor."""
@@ -139,7 +140,7 @@ def _clip_by_block_rms_update(
     threshold: Scalar, updates: Updates, state: State, params: Params | None = None, **extra_args: Any
 ) -> tuple[Updates, State]:
     def one(u: Tensor) -> Tensor:
-        rms = abs_sq(u).mean().sqrt()
+        rms = safe_sqrt(abs_sq(u).mean())  # a derivative of 0 where the block is all 0
         return u / torch.clamp(rms / coef(threshold, u), min=1.0)
 
     return map_updates(one, updates), state

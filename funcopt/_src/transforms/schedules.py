@@ -165,6 +165,7 @@ class _Schedule:
         self.args = dict(args)  # as the user gave them, for repr
 
     def __call__(self, count: int | float | Tensor) -> float | Tensor:
+        _check_count(self.name, count)
         tensors = [x for x in optree.tree_leaves(self.hyper) if isinstance(x, Tensor)]
         if not isinstance(count, Tensor) and not tensors:
             count = count if isinstance(count, int) else float(count)
@@ -209,6 +210,18 @@ def _result_dtype(tensors: Sequence[Tensor]) -> torch.dtype:
     return torch.get_default_dtype() if dtype is None else dtype
 
 
+def _check_count(fn: str, count: Any) -> None:
+    """Raise a TypeError unless `count` is a step count: a real number or a tensor of
+    numbers. A string (optax refuses one too) or a bool would pass through ``float()``
+    or integer math, as a count the caller did not mean."""
+    if isinstance(count, Tensor) and count.dtype != torch.bool:
+        return
+    if isinstance(count, numbers.Real) and not isinstance(count, bool):
+        return
+    what = "a tensor of bool" if isinstance(count, Tensor) else a_kind(count)
+    raise TypeError(f"{fn}: the count must be a number or a tensor of numbers (the step count), got {what}")
+
+
 def _check_scalar(fn: str, name: str, value: Any, optional: bool = False) -> None:
     if optional and value is None:
         return
@@ -217,7 +230,7 @@ def _check_scalar(fn: str, name: str, value: Any, optional: bool = False) -> Non
 
 
 def _check_steps(fn: str, name: str, value: Any) -> None:
-    if isinstance(value, Tensor) or not isinstance(value, numbers.Real):
+    if isinstance(value, (Tensor, bool)) or not isinstance(value, numbers.Real):
         raise TypeError(
             f"{fn}: {name} must be a Python number (it fixes the schedule's structure, "
             f"which a tensor cannot), got {a_kind(value)}"
@@ -647,6 +660,7 @@ class _Joined:
         self.boundaries = list(boundaries)
 
     def __call__(self, count: int | float | Tensor) -> float | Tensor:
+        _check_count("join_schedules", count)
         if not isinstance(count, Tensor):
             return _py_join(count, self.schedules, self.boundaries)
 
