@@ -49,6 +49,10 @@ from ._src.sparse_adam import SparseAdam, SparseAdamState, sparse_adam
 from ._src.transforms import *  # noqa: F403
 from ._src.wrappers import *  # noqa: F403
 
+# isort: split
+# schedule-free drop-in classes (the authors' schedulefree package)
+from ._src.schedule_free_classes import AdamWScheduleFree, RAdamScheduleFree, SGDScheduleFree
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -116,4 +120,8 @@ __all__ = [
     *_schedules.__all__,
     *_transforms.__all__,
     *_wrappers.__all__,
+    # schedule-free drop-in classes
+    "AdamWScheduleFree",
+    "RAdamScheduleFree",
+    "SGDScheduleFree",
 ]
