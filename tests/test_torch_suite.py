@@ -28,7 +28,9 @@ import funcopt as fo
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "tests" / "torch_suite" / "run.sh"
 DEFAULT_TESTS = ROOT.parent / "shared" / "torch-tests"
-HOW = "see 'Tests' in the README: a sparse checkout of PyTorch's test/ folder at the tag of the installed torch"
+HOW = (
+    "see 'Tests' in the README: a sparse checkout of PyTorch's test/ folder at the tag of the installed torch"
+)
 
 
 def torch_tests_folder() -> tuple[Path | None, str]:
