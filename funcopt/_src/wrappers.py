@@ -1127,12 +1127,7 @@ def _warmup(learning_rate: float | Tensor, warmup_steps: int | None, who: str) -
         return learning_rate
     if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
         raise ValueError(f"{who}: warmup_steps must be an int >= 0 (0: no warmup), got {warmup_steps!r}")
-    # a number as a float64 tensor, so that the schedule is computed in float64 rather than in
-    # the default dtype (the wrapper and the base step then cast it to the params' dtype)
-    lr = learning_rate
-    if not isinstance(lr, Tensor):
-        lr = torch.tensor(lr, dtype=torch.float64)
-    return linear_schedule(lr / warmup_steps, lr, transition_steps=warmup_steps - 1)
+    return linear_schedule(learning_rate / warmup_steps, learning_rate, transition_steps=warmup_steps - 1)
 
 
 def schedule_free_sgd(
