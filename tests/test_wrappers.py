@@ -645,7 +645,7 @@ def test_schedule_free_float32_compiles_once_and_vmaps_over_lr():
 def test_schedule_free_errors():
     with pytest.raises(ValueError, match="b1 must be > 0"):
         fo.schedule_free(sgd(0.1), 0.1, b1=0.0)
-    for bad in (-1, 2.0, True):
+    for bad in (-1, 2.0, 0.0, True, False):
         with pytest.raises(ValueError, match="warmup_steps must be an int >= 0"):
             fo.schedule_free_sgd(0.1, warmup_steps=bad)
     tx = fo.schedule_free(sgd(0.1), 0.1)

@@ -1123,10 +1123,12 @@ def _warmup(learning_rate: float | Tensor, warmup_steps: int | None, who: str) -
     `warmup_steps`, then constant; 0 or None: no warmup."""
     from .schedules import linear_schedule  # (these import nothing from this module, but keep it light)
 
-    if warmup_steps is None or warmup_steps == 0:
+    if warmup_steps is None:
         return learning_rate
     if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
         raise ValueError(f"{who}: warmup_steps must be an int >= 0 (0: no warmup), got {warmup_steps!r}")
+    if warmup_steps == 0:
+        return learning_rate
     return linear_schedule(learning_rate / warmup_steps, learning_rate, transition_steps=warmup_steps - 1)
 
 
