@@ -6,6 +6,7 @@ are executed by myst-nb at build time, so a stale example fails the build.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -40,7 +41,15 @@ napoleon_numpy_docstring = False
 
 # Execute every notebook and code-cell page; any error fails the build.
 nb_execution_mode = "force"
-nb_execution_timeout = 300
+# Each tutorial runs in under 30 s on 2 idle cores: the limit per cell leaves room for a
+# machine 10x slower or busier than that.
+nb_execution_timeout = 600
+# The kernels that execute the pages inherit these variables. The tutorials run a smaller
+# problem in the docs build than as scripts (examples/maml_sinusoid.py reads FUNCOPT_QUICK).
+# One intra-op thread: the tutorials' tensors are small, and on a busy machine torch's
+# threads, waiting on each other, made each tutorial 5-7x slower than on one thread.
+os.environ["FUNCOPT_QUICK"] = "1"
+os.environ["OMP_NUM_THREADS"] = "1"
 nb_execution_raise_on_error = True
 nb_execution_show_tb = True
 nb_merge_streams = True

@@ -84,6 +84,10 @@ from ._src.scan_loop import scan_inner_loop
 
 # --- end of optax's catalogue
 
+# isort: split
+# schedule-free drop-in classes (the authors' schedulefree package)
+from ._src.torch.schedule_free import AdamWScheduleFree, RAdamScheduleFree, SGDScheduleFree
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -165,6 +169,10 @@ __all__ = [
     # -- optax's catalogue (issue 64) --
     *_catalogue.__all__,
     *_catalogue_classes.__all__,
+    # schedule-free drop-in classes
+    "AdamWScheduleFree",
+    "RAdamScheduleFree",
+    "SGDScheduleFree",
 ]
 
 

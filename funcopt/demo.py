@@ -10,15 +10,17 @@
 
 Writes ``funcopt_demo.png`` (or ``--out PATH``). Needs matplotlib (the ``demo`` extra:
 ``pip install torch==2.13.0 -e ".[demo]"`` in a clone); without it, only the numbers are printed.
-About half a minute on 2 CPU cores, more when they are busy. Progress bars show
-on a terminal only.
+About half a minute on 2 CPU cores, more when they are busy. It prints a line as each
+stage starts and ends, and during the long ones; progress bars show on a terminal only.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -27,13 +29,27 @@ from torch.func import functional_call, vmap
 import funcopt as fo
 
 
-def _progress(iterable, **kwargs):
-    """A tqdm progress bar on a terminal (or in Jupyter); none in a log file or a pipe."""
+def _say(line: str) -> None:
+    """Print a line now: flushed, so a log file or a pipe shows progress as it happens."""
+    print(line, flush=True)
+
+
+def _progress(items: Sequence, desc: str, leave: bool = True) -> Iterator:
+    """A tqdm progress bar on a terminal; elsewhere (a log file, a pipe), a line at each
+    fifth of the way, with the time so far."""
     try:
         from tqdm.auto import tqdm  # type: ignore[import-untyped]
     except ImportError:
-        return iterable
-    return tqdm(iterable, disable=None, **kwargs)  # disable=None: off when not a terminal
+        tqdm = None
+    if tqdm is not None and sys.stderr.isatty():
+        yield from tqdm(items, desc=desc, leave=leave)
+        return
+    n, start = len(items), time.perf_counter()
+    marks = {n * k // 5 for k in range(1, 5)}
+    for i, item in enumerate(items):
+        if i in marks:
+            _say(f"   {desc}: {i}/{n} ({time.perf_counter() - start:.0f} s)")
+        yield item
 
 
 def _mlp(inputs: int, hidden: int, seed: int) -> torch.nn.Module:
@@ -49,6 +65,7 @@ def drop_in(steps: int = 200) -> dict:
     losses = {}
     models = {}
     for label, cls in (("torch.optim.NAdam", torch.optim.NAdam), ("funcopt.NAdam", fo.NAdam)):
+        _say(f"   training with {label}, {steps} steps")
         model = models[label] = _mlp(4, 64, seed=1)
         opt = cls(model.parameters(), lr=1e-2)
         scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=steps // 4, gamma=0.5)
@@ -84,11 +101,13 @@ def lr_sweep(n_lrs: int = 16, steps: int = 100) -> dict:
         return loss_fn(adapted, x, y), torch.stack(losses).max() / losses[0]
 
     lrs = torch.logspace(-4, -0.5, n_lrs)
+    _say(f"   {n_lrs} runs of {steps} NAdam steps in one vmap")
     t0 = time.perf_counter()
     batched, peak = vmap(final_loss)(lrs)
     t_vmap = time.perf_counter() - t0
+    _say(f"   the same {n_lrs} runs one at a time, in a Python loop")
     t0 = time.perf_counter()
-    runs = [final_loss(lr) for lr in _progress(lrs, desc="python loop", leave=False)]
+    runs = [final_loss(lr) for lr in _progress(list(lrs), desc="python loop", leave=False)]
     t_loop = time.perf_counter() - t0
     looped, loop_peak = (torch.stack(column) for column in zip(*runs))
     return {
@@ -180,7 +199,9 @@ def maml(meta_iterations: int = 1500, tasks_per_batch: int = 4, inner_steps: int
         errors = [loss_fn(adapt(params, x[t, :10], y[t, :10], 5), x[t, 10:], y[t, 10:]) for t in range(tasks)]
         return torch.stack(errors).mean().item()
 
+    _say("   adapting the initial params to 20 new tasks")
     before_meta, error_before = predictions(), held_out_error()
+    _say(f"   meta-training: {meta_iterations} meta-iterations of {tasks_per_batch} tasks")
     meta_losses = []
     for _ in _progress(range(meta_iterations), desc="MAML"):
         x, y, _, _ = sinusoid_tasks(tasks_per_batch, 20, g)
@@ -192,6 +213,7 @@ def maml(meta_iterations: int = 1500, tasks_per_batch: int = 4, inner_steps: int
         loss.backward()
         meta_opt.step()
         meta_losses.append(loss.item())
+    _say("   adapting the meta-learned params to the 20 new tasks")
     return {
         "grid": grid, "truth": truth, "support": (tx[0], ty[0]), "meta_losses": meta_losses,
         "before_meta": before_meta, "after_meta": predictions(),
@@ -237,30 +259,32 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     scale = 0.2 if args.quick else 1.0
 
+    _say("1. drop-in replacement: one MLP trained with torch.optim.NAdam and with funcopt.NAdam")
     drop = drop_in(steps=int(200 * scale))
-    losses = drop["losses"]
-    print("1. drop-in replacement, final training loss:")
-    for label, curve in losses.items():
-        print(f"   {label:18} {curve[-1]:.6f}")
-    print(f"   largest parameter difference: {drop['max_param_diff']:.1e}")
+    _say("   final training loss:")
+    for label, curve in drop["losses"].items():
+        _say(f"   {label:18} {curve[-1]:.6f}")
+    _say(f"   largest parameter difference: {drop['max_param_diff']:.1e}")
 
+    _say("2. lr sweep: 16 learning rates for NAdam, in one vmap and in a Python loop")
     sweep = lr_sweep(n_lrs=16, steps=int(100 * scale))
     best = sweep["final_loss"].argmin()
-    print(f"2. lr sweep: 16 runs in one vmap {sweep['t_vmap']:.2f}s, Python loop {sweep['t_loop']:.2f}s "
-          f"({sweep['t_loop'] / sweep['t_vmap']:.1f}x); best lr {sweep['lrs'][best]:.2g} "
-          f"(final loss {sweep['final_loss'][best]:.4f})")  # fmt: skip
-    print("\n".join(sweep_agreement(sweep)))
+    _say(f"   one vmap {sweep['t_vmap']:.2f}s, Python loop {sweep['t_loop']:.2f}s "
+         f"({sweep['t_loop'] / sweep['t_vmap']:.1f}x); best lr {sweep['lrs'][best]:.2g} "
+         f"(final loss {sweep['final_loss'][best]:.4f})")  # fmt: skip
+    _say("\n".join(sweep_agreement(sweep)))
 
+    _say("3. MAML on sinusoids: meta-learning an init that adapts in 5 NAdam steps")
     meta = maml(meta_iterations=int(1500 * scale))
-    print(f"3. MAML: mean error on 20 new tasks after 5 adaptation steps: {meta['error_before']:.2f} "
-          f"from the initial params, {meta['error_after']:.2f} from the meta-learned ones")  # fmt: skip
+    _say(f"   mean error on 20 new tasks after 5 adaptation steps: {meta['error_before']:.2f} "
+         f"from the initial params, {meta['error_after']:.2f} from the meta-learned ones")  # fmt: skip
 
     try:
         plot(drop, sweep, meta, args.out)
     except ImportError:
-        print("(install matplotlib to get the figure: pip install matplotlib)")
+        _say("(install matplotlib to get the figure: pip install matplotlib)")
     else:
-        print(f"figure written to {args.out}")
+        _say(f"figure written to {args.out}")
 
 
 if __name__ == "__main__":

@@ -35,11 +35,20 @@ def test_notebook_matches_its_script(notebook):
 def test_demo_writes_its_figure(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "demo.png"
-    result = subprocess.run(
+    demo = subprocess.Popen(
         [sys.executable, "-m", "funcopt.demo", "--quick", "--out", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
     )  # fmt: skip
+    first_line = demo.stdout.readline()
+    running = demo.poll() is None  # a line printed without flush would come only at the end
+    stdout, stderr = demo.communicate(timeout=600)
+    result = subprocess.CompletedProcess(demo.args, demo.returncode, first_line + stdout, stderr)
     assert result.returncode == 0, result.stderr
+    assert running and first_line.startswith("1. drop-in replacement"), first_line
+    # a line as each stage starts, and progress lines through the stages (no bars here)
+    stages = [line[:2] for line in result.stdout.splitlines() if re.match(r"\d\. ", line)]
+    assert stages == ["1.", "2.", "3."], result.stdout
+    assert re.search(r"^   MAML: 60/300 \(\d+ s\)$", result.stdout, flags=re.M), result.stdout
     assert out.stat().st_size > 10_000
     assert "largest parameter difference" in result.stdout and "MAML" in result.stdout
     # the sweep's agreement is reported per run: the stable runs compared, the others named

@@ -569,16 +569,20 @@ def test_lookahead_errors():
 @pytest.mark.parametrize("scheduled", [False, True])
 def test_schedule_free_matches_optax(scheduled):
     """Params (y), the state's z and the eval params (x) as optax.contrib's; with a
-    warmup schedule, which both the base optimizer and the averaging weights see."""
+    warmup schedule, which both the base optimizer and the averaging weights see. funcopt
+    reads the schedule at the count from 0 for both, where optax's wrapper reads it one
+    step later than its base optimizer (docs/wrappers.md): optax given the schedule one
+    step back for its wrapper computes funcopt's steps."""
     params, grads = params_and_grads(6)
     if scheduled:  # (a schedule of an int32 count computes in the default dtype, as jax's in its)
-        lr = lambda count: 0.2 * count / (count + 2.0)  # noqa: E731  (0 at count 0)
+        lr = lambda count: 0.2 * (count + 1) / (count + 3.0)  # noqa: E731
         base, jbase = with_schedules(sgd, {"learning_rate": lr}), optax_sgd(lr)
+        jlr = lambda step: lr(step - 1)  # noqa: E731
     else:
-        lr = 0.2
+        lr = jlr = 0.2
         base, jbase = sgd(lr), optax_sgd(lr)
     tx = fo.schedule_free(base, lr, b1=0.8, weight_lr_power=1.5)
-    opt = optax.contrib.schedule_free(jbase, lr, b1=0.8, weight_lr_power=1.5)
+    opt = optax.contrib.schedule_free(jbase, jlr, b1=0.8, weight_lr_power=1.5)
 
     def check(i, ours, theirs):
         (_, s, p), (_, js, jp) = ours, theirs
@@ -595,11 +599,16 @@ def test_schedule_free_matches_optax(scheduled):
         run_both(tx, opt, params, grads, check)
 
 
+@pytest.mark.parametrize("warmup_steps", [None, 0])
 @pytest.mark.parametrize("name", ["schedule_free_sgd", "schedule_free_adamw"])
-def test_schedule_free_shortcuts_match_optax(name):
+def test_schedule_free_shortcuts_match_optax(name, warmup_steps):
+    """Without warmup (0, the authors' default, means none, as optax's None). With a
+    warmup, funcopt follows the authors, whose warmup is optax's one step earlier:
+    tests/test_schedule_free.py compares it with theirs."""
     params, grads = params_and_grads(6)
-    kwargs = dict(learning_rate=0.3, warmup_steps=3, b1=0.8, weight_decay=0.1)
-    tx, opt = getattr(fo, name)(**kwargs), getattr(optax.contrib, name)(**kwargs)
+    kwargs = dict(learning_rate=0.3, b1=0.8, weight_decay=0.1)
+    tx = getattr(fo, name)(**kwargs, warmup_steps=warmup_steps)
+    opt = getattr(optax.contrib, name)(**kwargs)
 
     def check(i, ours, theirs):
         (_, s, p), (_, js, jp) = ours, theirs
@@ -636,6 +645,9 @@ def test_schedule_free_float32_compiles_once_and_vmaps_over_lr():
 def test_schedule_free_errors():
     with pytest.raises(ValueError, match="b1 must be > 0"):
         fo.schedule_free(sgd(0.1), 0.1, b1=0.0)
+    for bad in (-1, 2.0, 0.0, True, False):
+        with pytest.raises(ValueError, match="warmup_steps must be an int >= 0"):
+            fo.schedule_free_sgd(0.1, warmup_steps=bad)
     tx = fo.schedule_free(sgd(0.1), 0.1)
     params = {"w": torch.zeros(2)}
     state = tx.init(params)

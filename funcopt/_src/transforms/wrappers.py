@@ -855,16 +855,21 @@ def schedule_free(
     b1: float | Tensor = 0.9,
     weight_lr_power: float | Tensor = 2.0,
     state_dtype: torch.dtype | None = None,
+    r: float | Tensor = 0.0,
 ) -> GradientTransformation:
-    """Schedule-Free learning (Defazio et al., 2024), as ``optax.contrib.schedule_free``.
+    """Schedule-Free learning (Defazio et al., 2024), as its authors' ``schedulefree``
+    package computes it (``optax.contrib.schedule_free``'s arguments).
 
     Replaces the momentum of `base_optimizer` by interpolation and averaging: the
     base optimizer steps a sequence ``z``; the params you hold (``y``, where gradients
     are computed) are ``b1 * x + (1 - b1) * z`` with ``x`` the running average of the
-    ``z``, weighted by ``max_lr ** weight_lr_power``. Evaluate at ``x``, which
-    `schedule_free_eval_params` gives. No decaying schedule is needed; `learning_rate`
-    (a number or a schedule of the step, from 1, for the warmup) is the one
-    `base_optimizer` uses. Give `base_optimizer` no momentum of its own.
+    ``z``, weighted at step ``t`` (from 1) by ``t ** r * max_lr ** weight_lr_power``.
+    Evaluate at ``x``, which `schedule_free_eval_params` gives. No decaying schedule is
+    needed; `learning_rate` (a number, or a schedule for the warmup) is the one
+    `base_optimizer` uses. A schedule is read at the step count from 0, as the base
+    optimizer reads its own, so that the averaging weight and the base step of a step
+    see the same learning rate (optax reads it one step later here: docs/wrappers.md).
+    Give `base_optimizer` no momentum of its own.
 
     Args:
         base_optimizer: the optimizer stepping ``z`` (SGD, or Adam with ``b1 = 0``).
@@ -872,6 +877,8 @@ def schedule_free(
         b1: the interpolation weight (> 0).
         weight_lr_power: the power of the learning rate in the averaging weights.
         state_dtype: dtype of ``z`` (default: the params').
+        r: the power of the step in the averaging weights (the authors' polynomial
+            weighting; 0: none).
 
     Example:
         >>> import torch, funcopt as fo
@@ -889,7 +896,7 @@ def schedule_free(
         raise ValueError(f"schedule_free: b1 must be > 0, got {b1}")
     return GradientTransformation(
         functools.partial(_free_init, base_optimizer, b1, state_dtype),
-        functools.partial(_free_update, base_optimizer, learning_rate, b1, weight_lr_power),
+        functools.partial(_free_update, base_optimizer, learning_rate, b1, weight_lr_power, r),
     )
 
 
@@ -921,6 +928,7 @@ def _free_update(
     learning_rate: float | Tensor | Callable[[Tensor], Any],
     b1: float | Tensor,
     weight_lr_power: float | Tensor,
+    r: float | Tensor,
     grads: Updates,
     state: ScheduleFreeState,
     params: Params | None = None,
@@ -932,10 +940,13 @@ def _free_update(
         raise ValueError(
             f"{who}: pass the params (update(grads, state, params)); schedule-free steps from them"
         )
-    lr = learning_rate(state.step_count) if callable(learning_rate) else learning_rate
+    # the schedule at the count from 0, where the base optimizer reads its own
+    lr = learning_rate(state.step_count - 1) if callable(learning_rate) else learning_rate
     lr = lr.to(state.max_lr.dtype) if isinstance(lr, Tensor) else torch.full_like(state.max_lr, lr)
     max_lr = torch.maximum(state.max_lr, lr)
     weight = max_lr**weight_lr_power
+    if isinstance(r, Tensor) or r != 0:
+        weight = state.step_count.to(weight.dtype) ** r * weight
     total_weight = state.weight_sum + weight
     # 0 / 0 while the learning rate is 0 (a warmup's first step) counts as 0
     ck = torch.where(
@@ -945,14 +956,14 @@ def _free_update(
     )
     base_updates, base_state = _update(base_optimizer, grads, state.base_optimizer_state, params, extra_args)
 
-    def step(u: Tensor, z: Tensor, new_z: Tensor, y: Tensor) -> Tensor:
-        x = (y - (1.0 - b1) * z) / b1  # recomputed from y and z, as optax
-        x = (1.0 - ck) * x + ck * new_z
-        return (b1 * x + (1.0 - b1) * new_z - y).to(y.dtype)
+    def step(u: Tensor, z: Tensor, y: Tensor) -> Tensor:
+        # x_new = (1 - ck) x + ck z_new and y = b1 x + (1 - b1) z, with x not formed: the
+        # authors' form, y_new = y + ck (z - y) + (1 - b1 (1 - ck)) u (u: the base step)
+        return (ck * (z - y) + (1.0 - b1 * (1.0 - ck)) * u).to(y.dtype)
 
     what = "the state's z and the params"
     new_z = _map_updates(lambda u, z: (z + u).to(z.dtype), base_updates, state.z, who=who, what=what)
-    updates = _map_updates(step, base_updates, state.z, new_z, params, who=who, what=what)
+    updates = _map_updates(step, base_updates, state.z, params, who=who, what=what)
     return updates, ScheduleFreeState(
         b1=state.b1,
         weight_sum=total_weight,
@@ -990,17 +1001,35 @@ def schedule_free_eval_params(state: ScheduleFreeState, params: Params) -> Param
     )
 
 
+def _warmup(learning_rate: float | Tensor, warmup_steps: int | None, who: str) -> Any:
+    """The authors' warmup: ``learning_rate * (count + 1) / warmup_steps`` at the step
+    count from 0 (so the first step's, not 0) up to `learning_rate` at step
+    `warmup_steps`, then constant; 0 or None: no warmup."""
+    from .schedules import linear_schedule  # (these import nothing from this module, but keep it light)
+
+    if warmup_steps is None:
+        return learning_rate
+    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+        raise ValueError(f"{who}: warmup_steps must be an int >= 0 (0: no warmup), got {warmup_steps!r}")
+    if warmup_steps == 0:
+        return learning_rate
+    return linear_schedule(learning_rate / warmup_steps, learning_rate, transition_steps=warmup_steps - 1)
+
+
 def schedule_free_sgd(
     learning_rate: float | Tensor = 1.0,
-    warmup_steps: int | None = None,
+    warmup_steps: int | None = 0,
     b1: float | Tensor = 0.9,
     weight_decay: float | Tensor | None = None,
     weight_lr_power: float | Tensor = 2.0,
     state_dtype: torch.dtype | None = None,
+    r: float | Tensor = 0.0,
 ) -> GradientTransformation:
-    """Schedule-Free SGD, as ``optax.contrib.schedule_free_sgd``: `schedule_free` around
+    """Schedule-Free SGD, as the authors' ``schedulefree.SGDScheduleFree`` computes it
+    (``optax.contrib.schedule_free_sgd``'s arguments, and `r`): `schedule_free` around
     ``sgd(learning_rate)`` (with `weight_decay` added to the gradients first, if given),
-    the learning rate warmed up linearly from 0 over `warmup_steps` if given.
+    the learning rate warmed up linearly over `warmup_steps` (0 or None: no warmup), the
+    first step at ``learning_rate / warmup_steps``.
 
     Example:
         >>> import torch, funcopt as fo
@@ -1011,34 +1040,34 @@ def schedule_free_sgd(
         ...     updates, state = tx.update([2 * params[0]], state, params)
         ...     params = fo.apply_updates(params, updates)
         >>> fo.schedule_free_eval_params(state, params)[0]
-        tensor([3.3180])
+        tensor([2.6925])
     """
     from .blocks import add_decayed_weights, scale_by_learning_rate
-    from .schedules import linear_schedule  # (these import nothing from this module, but keep it light)
 
-    lr: Any = learning_rate
-    if warmup_steps is not None:  # optax's warmup_constant_schedule
-        lr = linear_schedule(init_value=0.0, end_value=learning_rate, transition_steps=warmup_steps)
+    lr = _warmup(learning_rate, warmup_steps, "schedule_free_sgd")
     optimizer = scale_by_learning_rate(lr)
     if weight_decay is not None:
         optimizer = chain(add_decayed_weights(weight_decay), optimizer)
-    return schedule_free(optimizer, lr, b1=b1, weight_lr_power=weight_lr_power, state_dtype=state_dtype)
+    return schedule_free(optimizer, lr, b1=b1, weight_lr_power=weight_lr_power, state_dtype=state_dtype, r=r)
 
 
 def schedule_free_adamw(
     learning_rate: float | Tensor = 0.0025,
-    warmup_steps: int | None = None,
+    warmup_steps: int | None = 0,
     b1: float | Tensor = 0.9,
     b2: float | Tensor = 0.999,
     eps: float | Tensor = 1e-8,
     weight_decay: float | Tensor = 0.0,
     weight_lr_power: float | Tensor = 2.0,
     state_dtype: torch.dtype | None = None,
+    r: float | Tensor = 0.0,
 ) -> GradientTransformation:
-    """Schedule-Free AdamW, as ``optax.contrib.schedule_free_adamw``: `schedule_free`
-    around AdamW without its momentum (``scale_by_rms`` with Adam's bias correction and
-    eps outside the root, decoupled weight decay, the learning rate), the learning rate
-    warmed up linearly from 0 over `warmup_steps` if given.
+    """Schedule-Free AdamW, as the authors' ``schedulefree.AdamWScheduleFree`` computes it
+    (``optax.contrib.schedule_free_adamw``'s arguments, and `r`): `schedule_free` around
+    AdamW without its momentum (``scale_by_rms`` with Adam's bias correction and eps
+    outside the root, decoupled weight decay, the learning rate), the learning rate
+    warmed up linearly over `warmup_steps` (0 or None: no warmup), the first step at
+    ``learning_rate / warmup_steps``.
 
     Example:
         >>> import torch, funcopt as fo
@@ -1052,17 +1081,14 @@ def schedule_free_adamw(
         0.413
     """
     from .blocks import add_decayed_weights, scale_by_learning_rate, scale_by_rms
-    from .schedules import linear_schedule
 
-    lr: Any = learning_rate
-    if warmup_steps is not None:
-        lr = linear_schedule(init_value=0.0, end_value=learning_rate, transition_steps=warmup_steps)
+    lr = _warmup(learning_rate, warmup_steps, "schedule_free_adamw")
     optimizer = chain(
         scale_by_rms(decay=b2, eps=eps, eps_in_sqrt=False, bias_correction=True),
         add_decayed_weights(weight_decay),
         scale_by_learning_rate(lr),
     )
-    return schedule_free(optimizer, lr, b1=b1, weight_lr_power=weight_lr_power, state_dtype=state_dtype)
+    return schedule_free(optimizer, lr, b1=b1, weight_lr_power=weight_lr_power, state_dtype=state_dtype, r=r)
 
 
 torch.serialization.add_safe_globals(  # load with torch.load(weights_only=True)
