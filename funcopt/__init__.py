@@ -47,6 +47,7 @@ from ._src.core.hyperparams import ScheduledState
 from ._src.engine.algorithm import Algorithm, Bound
 from ._src.meta import inner_loop
 from ._src.torch import catalogue_classes as _catalogue_classes
+from ._src.torch.adam_classes import Adam, AdamW, RAdam, SparseAdam
 from ._src.torch.adapter import Optimizer
 from ._src.torch.catalogue_classes import *  # noqa: F403
 from ._src.torch.classes import (
@@ -55,16 +56,12 @@ from ._src.torch.classes import (
     Adadelta,
     Adafactor,
     Adagrad,
-    Adam,
     Adamax,
-    AdamW,
     Lion,
     Muon,
     NAdam,
-    RAdam,
     RMSprop,
     Rprop,
-    SparseAdam,
 )
 from ._src.torch.convert import functional_state, load_functional_state
 from ._src.torch.lbfgs import LBFGS

@@ -15,6 +15,15 @@ import torch
 import funcopt as fo
 
 FIXTURES = Path(__file__).parent / "fixtures"
+CHANGED_ON_PURPOSE = {
+    # the functional ASGD's float64 counters no longer round to float32 (float64 agreement)
+    "asgd": 1e-8,
+    # the warmup is read at the same step by the base step and the averaging weight, as the
+    # schedule-free authors compute it (it lagged one step)
+    "schedule_free": None,
+}
+"""Entries whose math changed on purpose since the fixture: they load and step, to this
+relative tolerance (None: to finite values of the same structure)."""
 PICKLES = sorted(FIXTURES.glob("pickles_*.pkl"))
 STATES = sorted(FIXTURES.glob("states_*.pt"))
 
@@ -36,10 +45,16 @@ def test_old_transformations_and_states_step_as_they_did(path):
     fixture = pickle.loads(path.read_bytes())
     params, grads = fixture["params"], fixture["grads"]
     assert len(fixture["entries"]) >= 20
-    for entry in fixture["entries"].values():
+    for name, entry in fixture["entries"].items():
         updates, after = entry["tx"].update(grads[2], entry["state"], params)
-        same(updates, entry["updates"])
-        same(after, entry["after"])
+        if name not in CHANGED_ON_PURPOSE:
+            same(updates, entry["updates"])
+            same(after, entry["after"])
+            continue
+        assert optree.tree_structure(after) == optree.tree_structure(entry["after"]), name
+        assert all(torch.isfinite(x).all() for x in optree.tree_leaves(updates)), name
+        if CHANGED_ON_PURPOSE[name] is not None:
+            torch.testing.assert_close(updates, entry["updates"], rtol=CHANGED_ON_PURPOSE[name], atol=0)
 
 
 @pytest.mark.parametrize("path", STATES, ids=lambda p: p.stem)

@@ -18,15 +18,15 @@ _ALGORITHMS = (
 
 # old module (under funcopt._src) -> the modules, under funcopt._src, that hold its names now
 MOVED: dict[str, tuple[str, ...]] = {
-    **{name: (f"algorithms.{name}", "torch.classes") for name in _ALGORITHMS.split()},
-    "lbfgs": ("algorithms.lbfgs", "algorithms.lbfgs_search", "torch.lbfgs"),
+    **{name: (f"algorithms.{name}", "torch.classes", "torch.adam_classes") for name in _ALGORITHMS.split()},
+    "lbfgs": ("algorithms.lbfgs", "algorithms.lbfgs_loop", "algorithms.lbfgs_search", "torch.lbfgs"),
     "base": ("core.base",),
     "algorithm": ("engine.algorithm",),
     "ops": ("engine.ops",),
     "inplace": ("engine.inplace",),
     "clipping": ("transforms.clipping",),
     "masking": ("transforms.masking",),
-    "schedules": ("transforms.schedules",),
+    "schedules": ("transforms.schedules", "transforms.schedule_math"),
     "wrappers": ("transforms.wrappers", "core.hyperparams"),
     "adapter": ("torch.adapter", "torch.state", "torch.step"),
     "chain_inplace": ("torch.chain_inplace",),

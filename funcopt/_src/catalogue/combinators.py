@@ -20,7 +20,8 @@ from ..core.hyperparams import _check_state as _check_wrapper_state
 from ..transforms.blocks import set_to_zero
 from ..transforms.clipping import Scalar
 from ..transforms.masking import masked, partition
-from ..transforms.schedules import _check_scalar, _check_steps, _interpolate_math, _Schedule, linear_schedule
+from ..transforms.schedule_math import _interpolate_math
+from ..transforms.schedules import _check_scalar, _check_steps, _Schedule, linear_schedule
 from ._common import _count, _highest_dtype, _increment, device_of, leafwise, pick, present, zeros
 
 __all__ = [

@@ -305,7 +305,9 @@ class Optimizer(torch.optim.Optimizer):
         transform: Any = self._transform
         if isinstance(transform, Algorithm) and REGISTRY.get(transform.name) is transform:
             transform = transform.name  # a built-in algorithm pickles by its name, not its module
-        return {**super().__getstate__(), "_transform": transform}
+        state = super().__getstate__()
+        groups = [dict(g) for g in state["param_groups"]]  # (__setstate__ makes _ParamGroups again)
+        return {**state, "param_groups": groups, "_transform": transform}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         if "_transform" not in state:  # load_state_dict: check before anything changes

@@ -10,7 +10,8 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT, _to_scalar
 
-from ..algorithms.lbfgs import _flat_grad, _hyperparams, _Lists, _run, _slices, _Step
+from ..algorithms.lbfgs import _hyperparams
+from ..algorithms.lbfgs_loop import _flat_grad, _Lists, _run, _slices, _Step
 from ..algorithms.lbfgs_search import _Eager
 from .fused import refuse
 

@@ -896,7 +896,7 @@ def schedule_free(
         raise ValueError(f"schedule_free: b1 must be > 0, got {b1}")
     return GradientTransformation(
         functools.partial(_free_init, base_optimizer, b1, state_dtype),
-        functools.partial(_free_update, base_optimizer, learning_rate, b1, weight_lr_power, r),
+        functools.partial(_free_update, base_optimizer, learning_rate, b1, weight_lr_power, r=r),
     )
 
 
@@ -928,10 +928,11 @@ def _free_update(
     learning_rate: float | Tensor | Callable[[Tensor], Any],
     b1: float | Tensor,
     weight_lr_power: float | Tensor,
-    r: float | Tensor,
     grads: Updates,
     state: ScheduleFreeState,
     params: Params | None = None,
+    *,
+    r: float | Tensor = 0.0,  # by keyword: a transformation pickled before r existed still loads
     **extra_args: Any,
 ) -> tuple[Updates, ScheduleFreeState]:
     who = "schedule_free update"
