@@ -14,9 +14,10 @@ run, rather than return a wrong number:
   hyperparameter held by the transform) would escape that guard: the loop refuses it
   (put it in the state with ``fo.inject_hyperparams``).
 - The carry's structure must stay the same from step to step.
-- Eagerly, scan traces its body at every call (seconds). A compiled caller that also
-  takes a backward pass fails inside torch 2.13 ("scan might be aliasing the input or
-  the output", pytorch#195977), with the carry cloned as that issue suggests.
+- Eagerly, scan traces its body at every call (seconds). Under ``torch.compile`` the
+  initial carry must not alias itself (Adam's one step count shared by all params is
+  copied here), but even so inductor fails in torch 2.13 on a Python-driven body
+  ("DataDependentOutputException: aten._local_scalar_dense"), forward alone included.
 """
 
 from __future__ import annotations
@@ -50,6 +51,17 @@ class _FirstOrderOnly(torch.autograd.Function):
                 "for higher-order derivatives (its second-order meta-gradient needs no double backward)"
             )
         return grads
+
+
+def _distinct(xs: list[Tensor]) -> list[Tensor]:
+    """`xs` with a copy of each tensor seen before: a compiled scan refuses an initial
+    carry whose tensors alias each other (one step count shared by all the params)."""
+    seen: set[int] = set()
+    out = []
+    for x in xs:
+        out.append(x.clone() if id(x) in seen else x)
+        seen.add(id(x))
+    return out
 
 
 def _carried(x: Tensor) -> Tensor:
@@ -90,9 +102,9 @@ def scan_inner_loop(
     The same numbers as ``inner_loop(loss_fn, params, transform, batches)`` with
     ``batches[k] = tuple(x[k] for x in xs)``, differentiable by ``.backward()`` and
     ``torch.autograd.grad`` (second-order meta-gradients included). Under
-    ``torch.compile`` the step is traced once, whatever K, but in torch 2.13 a compiled
-    caller that takes a backward pass fails inside torch (pytorch#195977); eagerly,
-    torch's scan traces the step at every call, which takes seconds.
+    ``torch.compile`` the step would be traced once, whatever K, but in torch 2.13
+    inductor fails on it (see the module's notes); eagerly, torch's scan traces the
+    step at every call, which takes seconds.
 
     Args:
         loss_fn: ``loss_fn(params, *batch) -> scalar``.
@@ -144,19 +156,19 @@ def scan_inner_loop(
         return new, loss
 
     constant = _probe(step, leaves, stacked)
-    guarded = list(_FirstOrderOnly.apply(*leaves, *optree.tree_leaves(stacked)))
+    guarded = list(_FirstOrderOnly.apply(*_distinct(leaves), *_distinct(optree.tree_leaves(stacked))))
     leaves, stacked = (
         guarded[: len(leaves)],
         optree.tree_unflatten(optree.tree_structure(stacked), guarded[len(leaves) :]),
     )
     varying = [i for i in range(len(leaves)) if i not in constant]
+    constants, dtypes = {i: leaves[i] for i in constant}, [x.dtype for x in leaves]
 
     def body(carry: list[Tensor], x: tuple[Any, ...]) -> tuple[list[Tensor], Tensor]:
         """A step on the leaves that change; the others (such as hyperparameters in
         the state) are constants, read from here rather than carried."""
-        full = list(leaves)
-        for i, c in zip(varying, carry):
-            full[i] = c.to(leaves[i].dtype)
+        carried = iter(carry)  # (the body reads no varying leaf of `leaves`: scan would take it as an input)
+        full = [constants[i] if i in constants else next(carried).to(dtypes[i]) for i in range(len(dtypes))]
         new, loss = step(full, x)
         # clones: scan refuses a carry aliasing its input; an integer carry (a step count)
         # goes as float64 (exact below 2**53), which scan's backward needs
