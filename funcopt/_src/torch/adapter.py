@@ -40,7 +40,7 @@ from ..core.base import (
     check_transformation,
 )
 from ..engine.algorithm import REGISTRY, Algorithm, Hyperparams, checking_tensors, normalize, torch_counter
-from ..transforms.wrappers import LookaheadState
+from ..transforms.lookahead import LookaheadState
 from . import chain_inplace, fused
 from .state import (
     _assign,

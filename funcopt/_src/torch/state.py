@@ -16,7 +16,7 @@ from ..core.base import (
     dtype_name,
 )
 from ..engine.algorithm import Algorithm, Hyperparams
-from ..transforms.wrappers import InjectHyperparamsState
+from ..transforms.inject import InjectHyperparamsState
 
 
 def _fields(algorithm: Algorithm, hyperparams: Hyperparams) -> list[tuple[str, bool]]:
