@@ -68,6 +68,7 @@ from ._src.torch.lbfgs import LBFGS
 from ._src.transforms import blocks as _transforms
 from ._src.transforms import inject as _inject
 from ._src.transforms import lookahead as _lookahead
+from ._src.transforms import moments as _moments
 from ._src.transforms import schedule_free as _schedule_free
 from ._src.transforms import schedules as _schedules
 from ._src.transforms import wrappers as _wrappers
@@ -76,6 +77,7 @@ from ._src.transforms.clipping import clip_by_global_norm
 from ._src.transforms.inject import *  # noqa: F403
 from ._src.transforms.lookahead import *  # noqa: F403
 from ._src.transforms.masking import MaskedState, masked, partition
+from ._src.transforms.moments import *  # noqa: F403
 from ._src.transforms.schedule_free import *  # noqa: F403
 from ._src.transforms.schedules import *  # noqa: F403  (each module lists its names in its __all__)
 from ._src.transforms.wrappers import *  # noqa: F403
@@ -166,6 +168,7 @@ __all__ = [
     *_wrappers.__all__,
     *_inject.__all__,
     *_lookahead.__all__,
+    *_moments.__all__,
     *_schedule_free.__all__,
     # -- differentiable optimization at scale (issue 63) --
     "distributed",

@@ -65,7 +65,8 @@ def install() -> None:
     for old, homes in MOVED.items():
         sys.modules.setdefault(f"funcopt._src.{old}", _Moved(f"funcopt._src.{old}", homes))
     old_of = {f"funcopt._src.{home}": old for old, homes in MOVED.items() for home in homes}
-    old_of["funcopt._src.transforms.blocks"] = "transforms"  # that package finds the old names itself
+    for home in ("blocks", "moments", "clipping"):  # that package finds the old names itself
+        old_of.setdefault(f"funcopt._src.transforms.{home}", "transforms")
     aliases: list[Any] = [
         (cls, f"funcopt._src.{old_of[cls.__module__]}.{cls.__qualname__}")
         for cls in torch.serialization.get_safe_globals()

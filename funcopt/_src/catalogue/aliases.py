@@ -16,18 +16,10 @@ from typing import Any
 import torch
 
 from ..core.base import GradientTransformation, chain
-from ..transforms.blocks import (
-    add_decayed_weights,
-    ema,
-    identity,
-    scale,
-    scale_by_adam,
-    scale_by_learning_rate,
-    scale_by_sign,
-    trace,
-)
+from ..transforms.blocks import add_decayed_weights, identity, scale, scale_by_learning_rate, scale_by_sign
 from ..transforms.clipping import Scalar
 from ..transforms.masking import masked
+from ..transforms.moments import ema, scale_by_adam, trace
 from .accumulators import scale_by_sm3
 from .blocks import (
     scale_by_adamax,

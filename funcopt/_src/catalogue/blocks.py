@@ -20,8 +20,8 @@ from torch import Tensor
 
 from ..core.base import GradientTransformation, Params, State, Updates
 from ..core.hyperparams import accepts_schedules
-from ..transforms.blocks import ScaleByAdamState
 from ..transforms.clipping import Scalar, abs_sq, coef
+from ..transforms.moments import ScaleByAdamState
 from ._common import (
     _bias_correction,
     _check_state,

@@ -13,8 +13,9 @@ import torch
 from torch import Tensor
 
 from ..core.base import GradientTransformation, Params, State, Updates, chain
-from ..transforms.blocks import ScaleByAdamState, add_decayed_weights, scale_by_learning_rate
+from ..transforms.blocks import add_decayed_weights, scale_by_learning_rate
 from ..transforms.clipping import Scalar, abs_sq, coef
+from ..transforms.moments import ScaleByAdamState
 from ._common import (
     _bias_correction,
     _check_state,

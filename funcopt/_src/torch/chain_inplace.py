@@ -28,7 +28,7 @@ bfloat16 and float16 add with ``alpha`` rounds differently in a vectorized run's
 which a block boundary moves); a second moment is ``mul_`` then ``addcmul_`` for a
 number decay, one ``lerp`` for a tensor (``addcmul``'s ``value`` takes no tensor); a
 first moment is a ``lerp``. Adam's step is ``mu / (sqrt(nu * c1**2 / c2) + eps * c1)``
-(``transforms._adam_scalars``), no ``addcdiv``. The step is about 1.15x fo.AdamW's
+(``moments._adam_scalars``), no ``addcdiv``. The step is about 1.15x fo.AdamW's
 (benchmarks/chain_step.py). Checked on the CPU (tests/
 test_chain_inplace.py); off the CPU the step takes ``torch._foreach_*`` kernels, where
 the pure update takes per-tensor ones: bit for bit there as far as torch's kernels of
@@ -56,17 +56,16 @@ from ..core.hyperparams import ScheduledState, _at
 from ..engine import inplace
 from ..engine.ops import TensorList, nonzero
 from ..transforms import blocks as transforms
-from ..transforms.blocks import (
+from ..transforms import moments
+from ..transforms.blocks import ScaleByScheduleState, WeightDecaySchedule, _increment
+from ..transforms.clipping import _clip_by_global_norm_update, _clip_update, coef, global_norm
+from ..transforms.moments import (
     EmaState,
     ScaleByAdamState,
     ScaleByRmsState,
     ScaleByRmsWithCountState,
-    ScaleByScheduleState,
     TraceState,
-    WeightDecaySchedule,
-    _increment,
 )
-from ..transforms.clipping import _clip_by_global_norm_update, _clip_update, coef, global_norm
 from .state import _assign, _distinct, _slots
 
 _FLOATS = frozenset({torch.float32, torch.float64, torch.bfloat16, torch.float16})
@@ -309,14 +308,14 @@ def _global_clip(planner: _Planner, node: Any, max_norm: Any) -> bool:
 def _trace(planner: _Planner, node: Any, decay: Any, nesterov: bool, accumulator_dtype: Any) -> bool:
     if accumulator_dtype is not None or not isinstance(node, TraceState):
         return False
-    return planner.add(functools.partial(transforms._trace_math, bool(nesterov)), (node.trace,), (decay,))
+    return planner.add(functools.partial(moments._trace_math, bool(nesterov)), (node.trace,), (decay,))
 
 
 def _ema(planner: _Planner, node: Any, decay: Any, debias: bool, accumulator_dtype: Any) -> bool:
     if accumulator_dtype is not None or (count := planner.count_of(node, EmaState)) is None:
         return False
-    scalars = transforms._ema_scalars(decay, debias, _increment(count))
-    return planner.add(functools.partial(transforms._ema_math, bool(debias)), (node.ema,), scalars)
+    scalars = moments._ema_scalars(decay, debias, _increment(count))
+    return planner.add(functools.partial(moments._ema_math, bool(debias)), (node.ema,), scalars)
 
 
 def _adam(
@@ -324,9 +323,9 @@ def _adam(
 ) -> bool:
     if mu_dtype is not None or (count := planner.count_of(node, ScaleByAdamState)) is None:
         return False
-    scalars = transforms._adam_scalars(b1, b2, eps, eps_root, nesterov, _increment(count))
+    scalars = moments._adam_scalars(b1, b2, eps, eps_root, nesterov, _increment(count))
     math = functools.partial(
-        transforms._adam_math, bool(nesterov), nonzero(eps_root), not isinstance(b2, Tensor)
+        moments._adam_math, bool(nesterov), nonzero(eps_root), not isinstance(b2, Tensor)
     )
     return planner.add(math, (node.mu, node.nu), scalars)
 
@@ -343,8 +342,8 @@ def _rms(
     elif not isinstance(node, ScaleByRmsState):
         return False
     fused = not isinstance(decay, Tensor)
-    math = functools.partial(transforms._rms_math, bool(eps_in_sqrt), bool(bias_correction), fused)
-    return planner.add(math, (node.nu,), transforms._rms_scalars(decay, eps, count))
+    math = functools.partial(moments._rms_math, bool(eps_in_sqrt), bool(bias_correction), fused)
+    return planner.add(math, (node.nu,), moments._rms_scalars(decay, eps, count))
 
 
 _PARTIALS: dict[Any, Callable[..., bool]] = {
@@ -354,10 +353,10 @@ _PARTIALS: dict[Any, Callable[..., bool]] = {
     transforms._scale_update: _scale,
     transforms._schedule_update: _schedule,
     transforms._decay_update: _decay,
-    transforms._trace_update: _trace,
-    transforms._ema_update: _ema,
-    transforms._adam_update: _adam,
-    transforms._rms_update: _rms,
+    moments._trace_update: _trace,
+    moments._ema_update: _ema,
+    moments._adam_update: _adam,
+    moments._rms_update: _rms,
     _clip_update: _clip,
     _clip_by_global_norm_update: _global_clip,
 }

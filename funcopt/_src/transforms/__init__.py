@@ -12,8 +12,8 @@ from typing import Any
 
 
 def __getattr__(name: str) -> Any:
-    blocks = importlib.import_module(f"{__name__}.blocks")
-    try:
-        return getattr(blocks, name)
-    except AttributeError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    for module in ("blocks", "moments", "clipping"):
+        found = getattr(importlib.import_module(f"{__name__}.{module}"), name, None)
+        if found is not None:
+            return found
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -28,6 +28,9 @@ from ..core.hyperparams import (
     _increment,
     _update,
 )
+from .blocks import add_decayed_weights, scale_by_learning_rate
+from .moments import scale_by_rms
+from .schedules import linear_schedule
 from .wrappers import _fill_skipped, _lowest_dtype, _map_updates
 
 __all__ = [
@@ -216,7 +219,6 @@ def _warmup(learning_rate: float | Tensor, warmup_steps: int | None, who: str) -
     """The authors' warmup: ``learning_rate * (count + 1) / warmup_steps`` at the step
     count from 0 (so the first step's, not 0) up to `learning_rate` at step
     `warmup_steps`, then constant; 0 or None: no warmup."""
-    from .schedules import linear_schedule  # (these import nothing from this module, but keep it light)
 
     if warmup_steps is None:
         return learning_rate
@@ -253,7 +255,6 @@ def schedule_free_sgd(
         >>> fo.schedule_free_eval_params(state, params)[0]
         tensor([2.6925])
     """
-    from .blocks import add_decayed_weights, scale_by_learning_rate
 
     lr = _warmup(learning_rate, warmup_steps, "schedule_free_sgd")
     optimizer = scale_by_learning_rate(lr)
@@ -291,7 +292,6 @@ def schedule_free_adamw(
         >>> round(float((fo.schedule_free_eval_params(state, params)[0] ** 2).sum()), 3)
         0.413
     """
-    from .blocks import add_decayed_weights, scale_by_learning_rate, scale_by_rms
 
     lr = _warmup(learning_rate, warmup_steps, "schedule_free_adamw")
     optimizer = chain(
