@@ -11,7 +11,7 @@ from helpers import ALGORITHMS, HYPER, assert_same, kwargs_of, skip_unless_steps
 from torch.func import vmap
 
 import funcopt as fo
-from funcopt._src.engine.algorithm import same_batched
+from funcopt._src.engine.leaves import same_batched
 
 BATCH = 3
 

@@ -21,7 +21,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     **{name: (f"algorithms.{name}", "torch.classes", "torch.adam_classes") for name in _ALGORITHMS.split()},
     "lbfgs": ("algorithms.lbfgs", "algorithms.lbfgs_loop", "algorithms.lbfgs_search", "torch.lbfgs"),
     "base": ("core.base",),
-    "algorithm": ("engine.algorithm",),
+    "algorithm": ("engine.algorithm", "engine.bounds", "engine.leaves"),
     "ops": ("engine.ops",),
     "inplace": ("engine.inplace",),
     "clipping": ("transforms.clipping",),

@@ -28,7 +28,8 @@ import torch
 from torch import Tensor
 
 from ..core.base import GradientTransformation, Params, readable
-from ..engine.algorithm import Algorithm, Bound, Hyperparams, check_pair
+from ..engine.algorithm import Algorithm
+from ..engine.bounds import Bound, Hyperparams, check_pair
 from ..engine.ops import Coef, Ops, nonzero, power
 
 

@@ -22,7 +22,8 @@ import torch
 from torch import Tensor
 
 from ..core.base import GradientTransformation, Params
-from ..engine.algorithm import Algorithm, Bound
+from ..engine.algorithm import Algorithm
+from ..engine.bounds import Bound
 from ..engine.ops import Coef, Ops, at_least, nonzero, power
 
 

@@ -33,7 +33,8 @@ from torch import Tensor
 
 from ..core.base import GradientTransformation, Params, a_kind, tracing
 from ..core.hyperparams import has_schedule, with_schedules
-from ..engine.algorithm import Bound, check_param
+from ..engine.bounds import Bound
+from ..engine.leaves import check_param
 from .lbfgs_loop import _Buffers, _flat_grad, _Lists, _Position, _run, _Step
 from .lbfgs_search import _Eager, _Traced
 

@@ -18,7 +18,8 @@ import optree
 from torch import Tensor
 
 from ..core.base import GradientTransformation, Params
-from ..engine.algorithm import Algorithm, Bound
+from ..engine.algorithm import Algorithm
+from ..engine.bounds import Bound
 from ..engine.ops import Coef, Ops, nonzero
 from ..transforms.masking import partition
 

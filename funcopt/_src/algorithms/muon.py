@@ -23,7 +23,8 @@ import torch
 from torch import Tensor
 
 from ..core.base import GradientTransformation, Params
-from ..engine.algorithm import Algorithm, Bound, Hyperparams
+from ..engine.algorithm import Algorithm
+from ..engine.bounds import Bound, Hyperparams
 from ..engine.ops import Coef, Ops, _cast, nonzero
 
 DEFAULT_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch's (Keller Jordan's) a, b, c

@@ -18,7 +18,8 @@ from typing import Any, NamedTuple
 from torch import Tensor
 
 from ..core.base import GradientTransformation, Params
-from ..engine.algorithm import Algorithm, Bound
+from ..engine.algorithm import Algorithm
+from ..engine.bounds import Bound
 from ..engine.ops import Coef, Ops, counter_product, nonzero, power
 
 

@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 from torch import Tensor
 
 from ..core.base import GradientTransformation, Params
-from ..engine.algorithm import Algorithm, Bound, Hyperparams
+from ..engine.algorithm import Algorithm
+from ..engine.bounds import Bound, Hyperparams
 from ..engine.ops import Coef, Ops, nonzero
 
 

@@ -24,7 +24,8 @@ import torch
 from torch import Tensor
 
 from ..core.base import GradientTransformation, Params
-from ..engine.algorithm import Algorithm, Bound
+from ..engine.algorithm import Algorithm
+from ..engine.bounds import Bound
 from ..engine.ops import Coef, Ops
 
 DENSE_GRADIENT = "SparseAdam does not support dense gradients, please consider Adam instead"

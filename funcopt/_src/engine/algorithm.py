@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import numbers
 import operator
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -73,9 +72,9 @@ from ..core.base import (
 )
 from ..core.hyperparams import has_schedule, with_schedules
 from . import inplace
+from .bounds import Bound, Hyperparams, normalize
+from .leaves import _keep, check_param, initial_buffer, rows, same_batched, scalar_dtype, torch_counter
 from .ops import Pure, PureForEach, TensorList, nonzero
-
-Hyperparams = dict[str, Any]
 
 _check_tensors = False  # see `checking_tensors` (a global: torch.compile traces no ContextVar)
 
@@ -93,197 +92,12 @@ def checking_tensors() -> Iterator[None]:
         _check_tensors = before
 
 
-@dataclass(frozen=True)
-class Bound:
-    """torch.optim's range check of one hyperparameter:
-    ``0.0 <= value``, and ``value <= high`` (or ``< high`` if not ``inclusive``)."""
-
-    key: str
-    message: str
-    index: int | None = None
-    high: float | None = None
-    inclusive: bool = True
-    # torch checks ``value < 0.0`` (SGD, ...), which NaN passes, not ``not 0.0 <= value``
-    nan_passes: bool = False
-    # torch checks ``not 0.0 < value``: zero is out of range too (SparseAdam's lr and eps)
-    positive: bool = False
-
-    def check(self, hyperparams: Hyperparams, tensors: bool) -> None:
-        if self.key not in hyperparams:  # a funcopt extra (eps_root) the adapters lack
-            return
-        value = hyperparams[self.key]
-        if self.index is not None:
-            check_pair(self.key, value)
-            value = value[self.index]
-        if not (isinstance(value, Tensor) or _is_number(value)):
-            # torch fails on the comparison below, with an error that names no hyperparameter
-            name = self.key if self.index is None else f"{self.key}[{self.index}]"
-            raise TypeError(f"{name} must be a number or a 0-d tensor; got {value!r}")
-        if isinstance(value, Tensor) and not tensors:
-            return  # may be batched or traced: never read in Python
-        if self.nan_passes:
-            ok = not value < 0.0
-        else:
-            ok = 0.0 < value if self.positive else 0.0 <= value
-        if ok and self.high is not None:
-            ok = value <= self.high if self.inclusive else value < self.high
-        if not ok:
-            raise ValueError(self.message.format(value))
-
-
-def check_pair(key: str, value: Any) -> None:
-    """Raise unless `value` is a pair of hyperparameters (betas, etas): torch indexes or
-    unpacks one at its first step, failing there with an error that names none."""
-    if not (isinstance(value, (tuple, list)) and len(value) == 2 or _is_pair_tensor(value)):
-        raise ValueError(
-            f"{key} must be a pair of numbers or 0-d tensors, or a tensor of 2 elements; got {value!r}"
-        )
-
-
-def _is_number(value: Any) -> bool:
-    """A Python or NumPy real number (a bool too, as torch takes it)."""
-    return isinstance(value, numbers.Real)
-
-
-def scalar_dtype(fused: bool = False) -> torch.dtype:
-    """The dtype torch.optim gives step counters: float32, or float64 when that is the
-    default dtype (fused optimizers always use float32)."""
-    if fused:
-        return torch.float32
-    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
-
-
-def torch_counter(value: Any, p: Tensor, *, on_device: bool, fused: bool) -> Tensor:
-    """A param's counter (step, mu_product) as torch.optim holds it: a 0-d tensor of
-    `scalar_dtype`, on the CPU (on the param's device if capturable or fused), also where
-    another device is the default. A tensor `value` (ASGD's eta starts at the lr) keeps
-    the autograd graph that records it (a differentiable step's tensor lr)."""
-    device = p.device if on_device else "cpu"
-    if isinstance(value, Tensor):
-        return value.to(dtype=scalar_dtype(fused), device=device, copy=True)
-    return torch.tensor(float(value), dtype=scalar_dtype(fused), device=device)
-
-
-def same_batched(a: Any, b: Any) -> bool:
-    """Whether counters `a` and `b` are ``vmap``'s views of one counter: batched tensors
-    at the same level and batch dim, down to plain tensors that no autograd records and
-    that view the same memory alike. ``vmap(init)`` gives each leaf such a view of the
-    counter that its leaves share, which are then stepped (and their new counter
-    shared) with one schedule, where identity would see one per leaf. Not where
-    torch.compile traces (it holds no memory to compare; identity serves there)."""
-    fx = torch._C._functorch
-    if torch.compiler.is_compiling() or not fx.is_batchedtensor(a):
-        return False
-    while fx.is_batchedtensor(a):
-        if not (
-            fx.is_batchedtensor(b)
-            and fx.maybe_get_level(a) == fx.maybe_get_level(b)
-            and fx.maybe_get_bdim(a) == fx.maybe_get_bdim(b)
-        ):
-            return False
-        a, b = fx.get_unwrapped(a), fx.get_unwrapped(b)
-    if a is b:
-        return True
-    return (
-        type(a) is Tensor
-        and type(b) is Tensor
-        and not (a.requires_grad or b.requires_grad or a.is_meta or fx.is_functorch_wrapped_tensor(b))
-        and (a.dtype, a.device, a.shape, a.stride(), a.storage_offset())
-        == (b.dtype, b.device, b.shape, b.stride(), b.storage_offset())
-        and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-    )
-
-
-def rows(columns: Sequence[Sequence[Any]], n: int) -> list[tuple[Any, ...]]:
-    """Per leaf, its entry of each column (``()`` for each of `n` leaves if no column)."""
-    return list(zip(*columns)) if columns else [()] * n
-
-
-def _keep(updates: list[Any], buffer_columns: Sequence[list[Any]], i: int, out: Tensor,
-          results: Sequence[Tensor | None]) -> None:  # fmt: skip
-    """Leaf i's update and new buffers, into `updates` and the buffers' new columns."""
-    updates[i] = out
-    for column, value in zip(buffer_columns, results):
-        column[i] = MaskedNode() if value is None else value
-
-
 def _nothing(**_: Any) -> tuple[str, ...]:
     return ()
 
 
 def _valid(hyperparams: Hyperparams) -> None:
     return None
-
-
-def initial_buffer(p: Tensor, value: Any) -> Tensor | None:
-    """A param's buffer as `Algorithm.initial` gives it: a number (or 0-d tensor) fills a
-    buffer like `p`, a function of `p` makes one, None leaves it absent."""
-    if value is None:
-        return None
-    if callable(value):
-        return value(p)
-    return full_like(p, value)
-
-
-def full_like(p: Tensor, value: Any) -> Tensor:
-    """A buffer like `p` filled with `value`; complex params get ``value + value*1j``,
-    as torch.optim's Adagrad does."""
-    if isinstance(value, Tensor):
-        value = value.to(real_dtype(p))
-        if p.is_complex():
-            value = torch.complex(value, value)
-        return torch.zeros_like(p, memory_format=torch.preserve_format) + value
-    if p.is_complex():
-        value = complex(value, value)
-    return torch.full_like(p, value, memory_format=torch.preserve_format)
-
-
-def check_param(name: str, i: int, p: Any) -> None:
-    """Raise a TypeError that says what to pass where leaf `i` of the params given to
-    `name`'s init is no tensor a gradient step can update."""
-    if not isinstance(p, Tensor):
-        must = "params must be a pytree of tensors"
-        if isinstance(p, (torch.nn.Module, Iterator)):  # a model, or model.parameters()
-            must += (
-                ": for a module's, a dict or list of them, such as "
-                "{name: p.detach() for name, p in model.named_parameters()}"
-            )
-        elif hasattr(p, "__dict__"):  # an object of a class of the user's (a dataclass, ...)
-            must += (
-                ", and its containers are those optree flattens without a namespace (dict, "
-                "list, tuple, NamedTuple, OrderedDict, ...): pass this object's tensors in a dict"
-            )
-        raise TypeError(f"{name} init: leaf {i} of params is {a_kind(p)}; {must}")
-    if not (p.is_floating_point() or p.is_complex()):
-        raise TypeError(
-            f"{name} init: leaf {i} of params is a tensor of dtype {dtype_name(p)}, which no "
-            "gradient step can update; leave it out of the params (such as BatchNorm's "
-            "num_batches_tracked), or put None in its place"
-        )
-
-
-def _is_pair_tensor(value: Any) -> bool:
-    """A pair of hyperparameters (betas) as one tensor of 2 elements, as torch.optim
-    takes it: under vmap over a batch of pairs, each member is one."""
-    return isinstance(value, Tensor) and value.shape == (2,)
-
-
-def normalize(hyperparams: Hyperparams, pairs: Collection[str] = ()) -> Hyperparams:
-    """1-element tensors become 0-d (so they broadcast like numbers); tuples stay tuples,
-    and the `pairs` given as a tensor of 2 elements become tuples of 0-d tensors."""
-
-    def one(key: str, v: Any) -> Any:
-        if key in pairs and _is_pair_tensor(v):
-            return tuple(v.unbind())
-        if isinstance(v, Tensor):
-            if v.numel() != 1:
-                raise ValueError(f"Tensor {key} must be 1-element")
-            return v.reshape(())
-        if isinstance(v, (tuple, list)):
-            return tuple(one(f"{key}[{i}]", x) for i, x in enumerate(v))
-        return v
-
-    return {k: one(k, v) for k, v in hyperparams.items()}
 
 
 REGISTRY: dict[str, Algorithm] = {}

@@ -12,7 +12,8 @@ from torch.optim.optimizer import ParamsT, _to_scalar
 from ..algorithms.adam import ADAM, ADAMW
 from ..algorithms.radam import RADAM
 from ..algorithms.sparse_adam import DENSE_GRADIENT, SPARSE_ADAM
-from ..engine.algorithm import Hyperparams, scalar_dtype
+from ..engine.bounds import Hyperparams
+from ..engine.leaves import scalar_dtype
 from .adapter import Optimizer
 from .fused import fused_flag, refuse
 

@@ -39,7 +39,9 @@ from ..core.base import (
     StructureError,
     check_transformation,
 )
-from ..engine.algorithm import REGISTRY, Algorithm, Hyperparams, checking_tensors, normalize, torch_counter
+from ..engine.algorithm import REGISTRY, Algorithm, checking_tensors
+from ..engine.bounds import Hyperparams, normalize
+from ..engine.leaves import torch_counter
 from ..transforms.lookahead import LookaheadState
 from . import chain_inplace, fused
 from .state import (

@@ -19,7 +19,7 @@ from ..algorithms.nadam import NADAM
 from ..algorithms.rmsprop import RMSPROP
 from ..algorithms.rprop import RPROP
 from ..algorithms.sgd import SGD_
-from ..engine.algorithm import Hyperparams
+from ..engine.bounds import Hyperparams
 from .adapter import Optimizer
 from .fused import fused_flag
 

@@ -24,7 +24,9 @@ import torch
 from torch import Tensor
 
 from ..core.base import GradientTransformation, MaskedNode, Params, State, a_kind
-from ..engine.algorithm import REGISTRY, Algorithm, normalize, torch_counter
+from ..engine.algorithm import REGISTRY, Algorithm
+from ..engine.bounds import normalize
+from ..engine.leaves import torch_counter
 from .adapter import IMPLEMENTATION_FLAGS, Optimizer
 from .state import _slots, _stored
 

@@ -41,7 +41,8 @@ import torch
 from torch import Tensor
 
 from ..engine import inplace
-from ..engine.algorithm import Algorithm, Hyperparams
+from ..engine.algorithm import Algorithm
+from ..engine.bounds import Hyperparams
 from ..engine.ops import Coef, Pure, _scale
 from .step import _step_in_place
 

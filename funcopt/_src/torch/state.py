@@ -15,7 +15,8 @@ from ..core.base import (
     a_kind,
     dtype_name,
 )
-from ..engine.algorithm import Algorithm, Hyperparams
+from ..engine.algorithm import Algorithm
+from ..engine.bounds import Hyperparams
 from ..transforms.inject import InjectHyperparamsState
 
 

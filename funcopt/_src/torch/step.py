@@ -20,7 +20,9 @@ from ..core.base import (
     as_real,
 )
 from ..engine import inplace
-from ..engine.algorithm import Algorithm, Hyperparams, rows
+from ..engine.algorithm import Algorithm
+from ..engine.bounds import Hyperparams
+from ..engine.leaves import rows
 from .state import _assign, _clone, _converted, _fields, _missing_entry
 
 try:
