@@ -89,7 +89,6 @@ ADAGRAD = Algorithm(
         Bound("eps_root", "Invalid eps_root value: {}"),
     ),
     sparse=True,
-    eager_state=True,
 )
 
 

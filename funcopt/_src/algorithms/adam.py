@@ -155,7 +155,6 @@ ADAM = Algorithm(
     schedule=_schedule,
     elementwise=_elementwise,
     bounds=_BOUNDS,
-    initial_from_group=True,  # torch reads a group's amsgrad
 )
 # the same math, named AdamW in its state and its messages
 ADAMW = Algorithm(
@@ -166,7 +165,6 @@ ADAMW = Algorithm(
     schedule=_schedule,
     elementwise=_elementwise,
     bounds=_BOUNDS,
-    initial_from_group=True,  # torch reads a group's amsgrad
 )
 
 

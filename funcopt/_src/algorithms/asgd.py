@@ -122,9 +122,7 @@ ASGD_ = Algorithm(
         Bound("lr", "Invalid learning rate: {}"),
         Bound("weight_decay", "Invalid weight_decay value: {}"),
     ),
-    counters_on_device=True,
     needs_params=True,
-    initial_from_group=True,
 )
 
 

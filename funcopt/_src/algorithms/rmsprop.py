@@ -100,7 +100,6 @@ RMSPROP = Algorithm(
         Bound("weight_decay", "Invalid weight_decay value: {}"),
         Bound("alpha", "Invalid alpha value: {}"),
     ),
-    initial_from_group=True,
 )
 
 

@@ -90,7 +90,6 @@ RPROP = Algorithm(
     bounds=(Bound("lr", "Invalid learning rate: {}"),),
     validate=_validate,
     pairs=("etas", "step_sizes"),
-    initial_from_group=True,
 )
 
 

@@ -123,14 +123,12 @@ class Algorithm:
     elementwise: Callable[..., tuple[Any, Sequence[Any]]]
     bounds: tuple[Bound, ...]
     sparse: bool = False  # accepts sparse gradients
-    eager_state: bool = False  # torch creates the state at construction (Adagrad)
     # Each element's update depends on that element alone (no per-tensor reductions),
     # so the adapters may concatenate small tensors and step them together.
     per_element: bool = True
     # the buffers the math creates where absent, for these hyperparameters (SGD's
     # momentum_buffer): a param with one to create steps by itself, off the fast paths
     creates: Callable[..., Collection[str]] = _nothing
-    counters_on_device: bool = False  # torch keeps the counters on the param's device (ASGD)
     buffers_like_param: bool = True  # every buffer is shaped like its param (not Adafactor's)
     # torch's checks that are no simple bound (SGD's nesterov), after the bounds; it reads
     # Python numbers only (a tensor may be batched or traced)
@@ -139,10 +137,6 @@ class Algorithm:
     # etas and step_sizes, which `validate` checks)
     pairs: tuple[str, ...] = ()
     needs_params: bool = False  # the math reads the params beyond weight decay (ASGD's average)
-    # the adapters make a param's initial state from its group's hyperparameters (torch's
-    # _init_group reads group[...]: Rprop's step_size and ASGD's eta start at its lr),
-    # not from the constructor's defaults (torch's Adagrad reads those)
-    initial_from_group: bool = False
     fields: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -598,7 +592,6 @@ class Algorithm:
         (on the param's device if capturable or fused), buffers are shaped like `p`."""
         initial = self.initial(**hyperparams)
         k = len(self.counters)
-        on_device = on_device or self.counters_on_device
         state = {
             name: torch_counter(v, p, on_device=on_device, fused=fused)
             for name, v in zip(self.fields[:k], initial[:k])

@@ -44,6 +44,7 @@ from ..engine.bounds import Hyperparams, normalize
 from ..engine.leaves import torch_counter
 from ..transforms.lookahead import LookaheadState
 from . import chain_inplace, fused
+from .knobs import knobs
 from .state import (
     _assign,
     _converted,
@@ -269,7 +270,7 @@ class Optimizer(torch.optim.Optimizer):
             # as torch's fused classes: a GradScaler hands the step its scale and inf flag
             # (see `_unscale_for_amp`) instead of unscaling the gradients itself
             self._step_supports_amp_scaling = True
-        if isinstance(transform, Algorithm) and transform.eager_state:
+        if isinstance(transform, Algorithm) and knobs(transform).eager_state:
             for group in self.param_groups:
                 for p in group["params"]:
                     self.state[p] = self._new_state(p, group)
@@ -344,7 +345,7 @@ class Optimizer(torch.optim.Optimizer):
                         p_state[key] = torch_counter(
                             p_state[key],
                             p,
-                            on_device=self._on_device(group) or algorithm.counters_on_device,
+                            on_device=self._on_device(group) or knobs(algorithm).counters_on_device,
                             fused=bool(group.get("fused")),
                         )
 
@@ -482,14 +483,14 @@ class Optimizer(torch.optim.Optimizer):
     def _new_state(self, p: Tensor, group: dict[str, Any]) -> dict[str, Any]:
         hyperparams = _hyperparams(self.defaults, self.defaults)
         if isinstance(self._transform, Algorithm):
-            if self._transform.initial_from_group:  # (a loaded group may lack some: the defaults')
+            if knobs(self._transform).initial_from_group:  # (a loaded group may lack some: the defaults')
                 hyperparams = normalize(
                     {k: group.get(k, v) for k, v in hyperparams.items()}, self._transform.pairs
                 )
             return self._transform.torch_state(
                 p,
                 hyperparams,
-                on_device=self._on_device(group),
+                on_device=self._on_device(group) or knobs(self._transform).counters_on_device,
                 fused=bool(group.get("fused")),
             )
         try:  # the transformation that steps the group makes its state

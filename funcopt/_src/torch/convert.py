@@ -28,6 +28,7 @@ from ..engine.algorithm import REGISTRY, Algorithm
 from ..engine.bounds import normalize
 from ..engine.leaves import torch_counter
 from .adapter import IMPLEMENTATION_FLAGS, Optimizer
+from .knobs import knobs
 from .state import _slots, _stored
 
 __all__ = ["functional_state", "load_functional_state"]
@@ -229,7 +230,7 @@ class _Face:
         if isinstance(self.optimizer, Optimizer):
             return self.optimizer._new_state(p, group)
         assert self.algorithm is not None
-        source = group if self.algorithm.initial_from_group else self.optimizer.defaults
+        source = group if knobs(self.algorithm).initial_from_group else self.optimizer.defaults
         state: dict[str, Any] = self.algorithm.torch_state(
             p, self.hyperparams(source), on_device=self.on_device(group), fused=bool(group.get("fused"))
         )
@@ -239,7 +240,7 @@ class _Face:
 
     def on_device(self, group: dict[str, Any]) -> bool:
         assert self.algorithm is not None
-        return bool(group.get("capturable") or group.get("fused")) or self.algorithm.counters_on_device
+        return bool(group.get("capturable") or group.get("fused")) or knobs(self.algorithm).counters_on_device
 
     def write(self, stored: dict[str, Any], name: str, value: Any, p: Tensor, group: dict[str, Any]) -> None:
         """Write one functional value into a param's state dict, in torch's format."""

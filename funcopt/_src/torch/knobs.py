@@ -1,0 +1,36 @@
+"""What the torch face does otherwise for some algorithms, as torch.optim's class of that name
+does: a record per algorithm, by name, that the algorithms themselves never read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..engine.algorithm import Algorithm
+
+
+@dataclass(frozen=True)
+class TorchKnobs:
+    eager_state: bool = False
+    """torch makes the state at construction (Adagrad), not at the first step."""
+    counters_on_device: bool = False
+    """torch keeps the counters on the param's device (ASGD), not on the CPU."""
+    initial_from_group: bool = False
+    """A param's first state comes from its group's hyperparameters (torch's ``_init_group``
+    reads ``group[...]``: Adam's amsgrad, Rprop's step_size and ASGD's eta start from the
+    group), not from the constructor's defaults (which torch's Adagrad reads)."""
+
+
+_FROM_GROUP = TorchKnobs(initial_from_group=True)
+KNOBS: dict[str, TorchKnobs] = {
+    "Adagrad": TorchKnobs(eager_state=True),
+    "Adam": _FROM_GROUP,
+    "AdamW": _FROM_GROUP,
+    "ASGD": TorchKnobs(counters_on_device=True, initial_from_group=True),
+    "RMSprop": _FROM_GROUP,
+    "Rprop": _FROM_GROUP,
+}
+
+
+def knobs(algorithm: Algorithm) -> TorchKnobs:
+    """`algorithm`'s record (the defaults for one torch.optim has no class of)."""
+    return KNOBS.get(algorithm.name, TorchKnobs())
