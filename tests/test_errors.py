@@ -22,6 +22,7 @@ from helpers import (
     full_state,
     kwargs_of,
     make,
+    matrices_for,
     matrices_only,
     needs_params,
     skip_if_closure_required,
@@ -473,7 +474,7 @@ STRUCTURE_CASES = {
     ),
     "grads of other params": (
         lambda p, g: ({"a": g["a"], "c": g["b"]}, p, p),
-        r"state\.step does not .*key mismatch",
+        r"state\.step does not .*\(state\.step lacks key\(s\) \['c'\] that grads has; grads lacks key\(s\) \['b'\]",
     ),
     "grads as a list": (lambda p, g: (list(g.values()), p, p), r"state\.step does not .*instance of list"),
     "params as a list": (
@@ -495,9 +496,11 @@ def test_update_with_mismatched_structures(name, case):
     """grads, state and params whose structures differ raise an error that names the
     tree that differs and says what to pass, not an error from deep inside the step."""
     skip_if_closure_required(name)
-    params = {"a": torch.randn(3), "b": torch.randn(2)}
+    params = matrices_for(name, {"a": torch.randn(3), "b": torch.randn(2)})  # Muon's init takes matrices
     mismatch, match = STRUCTURE_CASES[case]
-    grads, init_params, params = mismatch(params, {"a": torch.randn(3), "b": torch.randn(2)})
+    grads, init_params, params = mismatch(
+        params, matrices_for(name, {"a": torch.randn(3), "b": torch.randn(2)})
+    )
     tx = factory(name)()
     state = tx.init(init_params)
     match = match.replace(r"state\.step", rf"state\.{state._fields[0]}")  # the first field differs first
@@ -519,10 +522,29 @@ def test_update_and_apply_take_any_kind_of_dict():
     torch.testing.assert_close(new["a"], params["a"] - 2e-3)
 
 
+def test_key_mismatch_says_which_tree_lacks_which_keys():
+    """optree says both sides from the second tree's (a state with an "extra key" where
+    the grads lack one): the message says which tree lacks which keys (issue 62)."""
+    params = {"a": torch.zeros(2), "b": torch.zeros(2)}
+    tx = fo.adam()
+    state = tx.init(params)
+    with pytest.raises(
+        ValueError, match=r"\(grads lacks key\(s\) \['b'\] that state\.step has\)\. grads, params"
+    ) as e:
+        tx.update({"a": torch.zeros(2)}, state, params)
+    assert "extra" not in str(e.value)
+    with pytest.raises(
+        ValueError,
+        match=r"\(state\.step lacks key\(s\) \['c'\] that grads has; grads lacks key\(s\) \['b'\] that state\.step has\)",
+    ):
+        tx.update({"a": torch.zeros(2), "c": torch.zeros(2)}, state, params)
+
+
 def test_apply_updates_with_mismatched_structure():
     params = {"a": torch.randn(3), "b": torch.randn(2)}
     with pytest.raises(
-        ValueError, match=r"^apply_updates: updates does not .*missing key\(s\): \['b'\]\)\. Pass"
+        ValueError,
+        match=r"^apply_updates: updates does not .* \(updates lacks key\(s\) \['b'\] that params has\)\. Pass",
     ):
         fo.apply_updates(params, {"a": torch.randn(3)})
     with pytest.raises(

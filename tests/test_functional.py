@@ -462,7 +462,7 @@ def test_optimizer_with_a_factory_equals_torch(name):
     opt = fo.Optimizer(b.parameters(), factory(name), lr=0.05)
     train(opt, b, 6)
     assert_same(list(b.parameters()), list(a.parameters()))
-    assert list(opt.state[next(b.parameters())]) == list(factory(name)().init([torch.zeros(1)])._fields)
+    assert list(opt.state[next(b.parameters())]) == list(factory(name)().init([torch.zeros(1, 1)])._fields)
 
 
 def test_optimizer_differentiable_hypergradients_of_a_chain():

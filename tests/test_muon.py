@@ -145,12 +145,20 @@ def test_only_2d_params_as_torch_checks():
         vector.grad = torch.randn(3)
         with pytest.raises(ValueError, match="^Param gradient must be a 2D matrix"):
             opt.step()
+    # the functional init refuses it, as torch's constructor does (issue 62)
     tx = fo.muon()
     params = {"w": torch.randn(3, 2), "b": torch.randn(2)}
     with pytest.raises(
-        ValueError, match=r"Param gradient must be a 2D matrix \(Muon got one of shape \(2,\)\)"
+        ValueError,
+        match=r"^Muon only supports 2D parameters whereas we found a parameter with size: "
+        r"torch\.Size\(\[2\]\) \(leaf 0 of the params\)\. Give the others another optimizer",
     ):
-        tx.update(params, tx.init(params), params)
+        tx.init(params)
+    # under vmap, each member is a matrix
+    stacked = {"w": torch.randn(4, 3, 2)}
+    assert torch.func.vmap(tx.init)(stacked).momentum_buffer["w"].shape == (4, 3, 2)
+    with pytest.raises(ValueError, match="Muon only supports 2D parameters"):
+        torch.func.vmap(tx.init)({"w": torch.randn(4, 3)})
 
 
 def test_complex_params_are_rejected_as_torch_rejects_them():

@@ -16,9 +16,11 @@ choose another dtype). Muon steps 2-D params only.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple
 
+import optree
 import torch
 from torch import Tensor
 
@@ -223,7 +225,7 @@ def muon(
         tensor([[0.8867, 0.0000],
                 [0.0000, 1.9250]])
     """
-    return MUON.transform(
+    tx = MUON.transform(
         lr=lr,
         weight_decay=weight_decay,
         momentum=momentum,
@@ -234,3 +236,16 @@ def muon(
         adjust_lr_fn=adjust_lr_fn,
         ns_dtype=ns_dtype,
     )
+    return GradientTransformation(functools.partial(_init_matrices, tx.init), tx.update)
+
+
+def _init_matrices(init: Any, params: Params) -> Any:
+    """`init`, once every param is checked to be a matrix, as torch's Muon checks its
+    params at construction (its step would refuse the gradient of any other)."""
+    for i, p in enumerate(optree.tree_leaves(params, none_is_leaf=True)):
+        if isinstance(p, Tensor) and p.ndim != 2:
+            raise ValueError(
+                f"Muon only supports 2D parameters whereas we found a parameter with size: {p.size()} "
+                f"(leaf {i} of the params). Give the others another optimizer, for example with fo.partition."
+            )
+    return init(params)

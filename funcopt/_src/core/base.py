@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -141,10 +142,33 @@ def _structure_error(names: Sequence[str], j: int, hint: str, detail: str) -> St
     where, _, first = (names[0] if names else "the first tree").rpartition(": ")
     name = names[j] if j < len(names) else f"tree {j}"
     detail = detail.split("; dict: ")[0].rstrip(".")  # optree goes on to print the dict, tensors and all
+    detail = _key_mismatch(detail, first, name)
     if len(detail) > 300:
         detail = detail[:300] + " ..."
     where = f"{where}: " if where else ""
     return StructureError(f"{where}{name} does not have the structure of {first} ({detail}). {hint}".strip())
+
+
+_KEY_MISMATCH = re.compile(
+    r"dictionary key mismatch; expected key\(s\): (?P<expected>\[.*?\]), got key\(s\): (?P<got>\[.*?\])"
+    r"(?:, missing key\(s\): (?P<missing>\[.*?\]))?(?:, extra key\(s\): (?P<extra>\[.*?\]))?$"
+)
+
+
+def _key_mismatch(detail: str, first: str, name: str) -> str:
+    """optree's message for dicts whose keys differ, said of each tree: its "missing"
+    keys are those `name` lacks, its "extra" ones those `first` lacks (optree says
+    both from `name`'s side, so that grads short of a key read as a state with one
+    extra)."""
+    match = _KEY_MISMATCH.match(detail)
+    if match is None:
+        return detail
+    lacks = [
+        f"{who} lacks key(s) {keys} that {other} has"
+        for who, keys, other in ((name, match["missing"], first), (first, match["extra"], name))
+        if keys
+    ]
+    return "; ".join(lacks) or detail
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)

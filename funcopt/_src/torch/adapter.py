@@ -165,7 +165,7 @@ class MissingHyperparameterError(KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-class _ParamGroup(dict):
+class _ParamGroup(dict[str, Any]):
     """The param group of an `Optimizer` that has no ``lr`` (a transformation passed
     already built, or a factory that takes none): a missing key, which an lr scheduler
     reads, raises a `MissingHyperparameterError` that says what to do, not a bare

@@ -52,7 +52,11 @@ class OnParam(Pure):
     `InPlace` step has it), not as a zero update: ``out`` is the new param so far.
     Nothing differentiates this step: its ``sqrt`` is torch's (no guard at 0)."""
 
-    sqrt = sqrt_ = staticmethod(torch.sqrt)  # type: ignore[assignment]
+    @staticmethod
+    def sqrt(x: Tensor) -> Tensor:
+        return torch.sqrt(x)
+
+    sqrt_ = sqrt
 
     @staticmethod
     def decay_(out: Tensor | None, p: Tensor, factor: Coef) -> Tensor:
