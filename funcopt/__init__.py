@@ -13,8 +13,6 @@ Stateful API (subclasses of ``torch.optim.Optimizer``)::
     opt = fo.NAdam(model.parameters(), lr=2e-3)
 """
 
-# --- optax's catalogue (issue 64): blocks, aliases, contrib optimizers
-from ._src import catalogue as _catalogue
 from ._src import schedules as _schedules
 from ._src import transforms as _transforms
 from ._src import wrappers as _wrappers
@@ -35,7 +33,6 @@ from ._src.base import (
     apply_updates,
     chain,
 )
-from ._src.catalogue import *  # noqa: F403
 from ._src.clipping import clip_by_global_norm
 from ._src.convert import functional_state, load_functional_state
 from ._src.lbfgs import LBFGS, LBFGSState, lbfgs
@@ -51,6 +48,11 @@ from ._src.sgd import SGD, SGDState, sgd
 from ._src.sparse_adam import SparseAdam, SparseAdamState, sparse_adam
 from ._src.transforms import *  # noqa: F403
 from ._src.wrappers import *  # noqa: F403
+
+# isort: split
+# --- optax's catalogue (issue 64): blocks, aliases, contrib optimizers, their classes
+from ._src import catalogue as _catalogue
+from ._src.catalogue import *  # noqa: F403
 
 # --- end of optax's catalogue
 
