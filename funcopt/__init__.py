@@ -87,6 +87,10 @@ from ._src.transforms.wrappers import *  # noqa: F403
 from . import distributed, implicit, linear_solve
 from ._src.scan_loop import scan_inner_loop
 
+# isort: split
+# --- optax's catalogue (issue 64): blocks, aliases, contrib optimizers, their classes
+from ._src.catalogue import *  # noqa: F403
+
 # --- end of optax's catalogue
 
 # isort: split

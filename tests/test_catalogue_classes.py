@@ -187,4 +187,29 @@ def test_class_steps_as_authors_package(name, options):
     start = make_params()
     for a, b, p0 in zip(ours, theirs, start):
         # relative to the distance travelled (the first steps are ~1e-6)
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-9 * float((b - p0).abs().max()))
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-9 * float((b - p0).detach().abs().max()))
+
+
+def test_closure_loss_reaches_a_chain_and_skips_transforms_without_extra_args():
+    """fo.Optimizer passes step(closure)'s loss as value= where the transformation takes
+    it (reduce_on_plateau in a chain), and steps without it where it does not (nadam)."""
+    params = make_params()
+
+    def closure_for(opt: Any, step: int) -> Any:
+        def closure() -> torch.Tensor:
+            opt.zero_grad()
+            loss = loss_of(params, step) * 0 + 5.0  # a flat loss: a plateau
+            loss.backward()
+            return loss
+
+        return closure
+
+    opt = fo.Optimizer(
+        params, lambda lr: fo.chain(fo.scale(-lr), fo.reduce_on_plateau(patience=1, factor=0.5)), lr=0.1
+    )
+    for step in range(3):
+        opt.step(closure_for(opt, step))
+    assert float(opt.state[params[0]]["1.scale"]) == 0.25  # halved at steps 2 and 3 (no improvement)
+    opt = fo.Optimizer(params, lambda lr: fo.chain(fo.clip(1.0), fo.nadam(lr=lr)), lr=0.1)
+    opt.step(closure_for(opt, 0))
+    assert int(opt.state[params[0]]["1.step"]) == 1

@@ -118,7 +118,8 @@ def full(params: Params, value: Any) -> Params:
 
 
 def copy(params: Params) -> Params:
-    """A detached-free copy of `params` (new tensors; autograd history kept)."""
+    """A copy of `params`: new tensors (autograd history kept), so that a state never
+    aliases the params that the caller may later change in place."""
     return optree.tree_map(lambda p: p.clone(), params)
 
 
