@@ -359,16 +359,16 @@ def test_leaves_that_are_not_tensors(name):
     ):
         tx.init(Box(torch.randn(3)))
     skip_if_closure_required(name)  # (its init is checked above)
-    params = {"a": torch.randn(3), "b": torch.randn(2)}
+    params = {"a": torch.randn(3, 2), "b": torch.randn(2, 2)}  # matrices: Muon's init takes no other
     with pytest.raises(TypeError, match=rf"^{name} update: the gradient of leaf 0 is a float; grads must be"):
-        tx.update({"a": 0.5, "b": torch.randn(2)}, tx.init(params), params)
+        tx.update({"a": 0.5, "b": torch.randn(2, 2)}, tx.init(params), params)
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_integer_params(name):
     """An integer leaf (a model's state_dict has some) is refused at init, rather than
     given an integer state that fails inside the first update."""
-    params = {"w": torch.randn(3), "num_batches_tracked": torch.tensor(0)}
+    params = {"w": torch.randn(3, 2), "num_batches_tracked": torch.tensor(0)}  # a matrix, for Muon
     with pytest.raises(TypeError, match=rf"^{name} init: leaf 0 of params is a tensor of dtype int64, "):
         factory(name)().init(params)  # leaves in key order: num_batches_tracked first
     factory(name)().init({**params, "num_batches_tracked": None})
@@ -450,7 +450,7 @@ def test_optimizer_explains_a_labels_tree_by_param_names():
     model(torch.ones(4, 3)).sum().backward()
     with pytest.raises(
         ValueError,
-        match=r"^partition init: the labels tree does not .*expected key\(s\): \['0'\].* \(fo\.Optimizer "
+        match=r"^partition init: the labels tree does not .*lacks key\(s\) \['0'\].* \(fo\.Optimizer "
         r"gives the transformation a param group's params as a dict keyed by position, .* give "
         r"masked and partition a function of the tensors, for example by p\.ndim\.\)$",
     ):

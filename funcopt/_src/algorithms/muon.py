@@ -240,12 +240,14 @@ def muon(
 
 
 def _init_matrices(init: Any, params: Params) -> Any:
-    """`init`, once every param is checked to be a matrix, as torch's Muon checks its
-    params at construction (its step would refuse the gradient of any other)."""
+    """`init`, then a check that every param is a matrix, as torch's Muon checks its
+    params at construction (its step would refuse the gradient of any other). The
+    engine's checks of the leaves (tensors, float dtypes) come first."""
+    state = init(params)
     for i, p in enumerate(optree.tree_leaves(params, none_is_leaf=True)):
         if isinstance(p, Tensor) and p.ndim != 2:
             raise ValueError(
                 f"Muon only supports 2D parameters whereas we found a parameter with size: {p.size()} "
                 f"(leaf {i} of the params). Give the others another optimizer, for example with fo.partition."
             )
-    return init(params)
+    return state

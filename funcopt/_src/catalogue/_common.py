@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ..core.base import MaskedNode, Params, a_kind, flatten_together
+from ..engine.ops import safe_sqrt
 from ..transforms.blocks import _bias_correction, _check_state, _count, _increment
 from ..transforms.clipping import coef
 from ..transforms.wrappers import _highest_dtype, _lowest_dtype
@@ -90,8 +91,9 @@ def sq_norm(tree: Any) -> Tensor:
 
 
 def norm(tree: Any) -> Tensor:
-    """The L2 norm of all tensors of `tree` (optax's ``tree.norm``)."""
-    return torch.sqrt(sq_norm(tree))
+    """The L2 norm of all tensors of `tree` (optax's ``tree.norm``), with a derivative of 0
+    where it is 0 (`safe_sqrt`: a meta-gradient through DoG's first distance is finite)."""
+    return safe_sqrt(sq_norm(tree))
 
 
 def vdot(a: Any, b: Any) -> Tensor:

@@ -186,7 +186,8 @@ def _sm3_update(
         mu_lists = treedef.flatten_up_to(state.mu)
     except ValueError as e:
         raise ValueError(f"{who}: state.mu does not have the structure of the updates ({e})") from None
-    out, new_mu, new_nu = list(gs), list[Any](mu_lists), list(nus)
+    new_mu: list[Any] = list(mu_lists)  # (a list[Any] call would stop torch.compile)
+    out, new_nu = list(gs), list(nus)
     for i, g in enumerate(gs):
         if g is None:
             continue

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from ..core.base import GradientTransformation, Params, State, Updates, chain
+from ..engine.ops import safe_sqrt
 from ..transforms.blocks import add_decayed_weights, identity, scale_by_learning_rate
 from ..transforms.clipping import Scalar
 from ._common import _check_state, _lowest_dtype, check_params, copy, device_of, norm, scalar, sq_norm
@@ -139,7 +140,7 @@ def _dowg_update(
     sq_dist = sq_norm(optree.tree_map(torch.sub, state.init_params, params))  # type: ignore[arg-type]
     estim = torch.maximum(state.estim_sq_dist, sq_dist.to(state.estim_sq_dist.dtype))
     weighted = estim * sq_norm(updates) + state.weighted_sq_norm_grads
-    lr = estim / (torch.sqrt(weighted) + eps)
+    lr = estim / (safe_sqrt(weighted) + eps)
     out = optree.tree_map(lambda u: None if u is None else lr.to(u.dtype) * u, updates, none_is_leaf=True)
     return out, DoWGState(state.init_params, weighted, estim)
 

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from ..core.base import GradientTransformation, Params, State, Updates, empty_init
 from ..core.hyperparams import accepts_schedules
+from ..engine.ops import safe_sqrt
 from ..transforms.clipping import Scalar, abs_sq, coef, map_updates
 from ._common import (
     _check_state,
@@ -245,7 +246,7 @@ def _dog_init(
     reps_rel: Scalar, param_dtype: torch.dtype, params: Params
 ) -> ScaleByDistanceOverGradientsState:
     return ScaleByDistanceOverGradientsState(
-        optree.tree_map(lambda p: reps_rel * (1 + torch.sqrt((p * p).sum())), params),
+        optree.tree_map(lambda p: reps_rel * (1 + safe_sqrt((p * p).sum())), params),
         optree.tree_map(lambda p: torch.zeros(1, dtype=p.dtype, device=p.device), params),
         optree.tree_map(lambda p: p.to(param_dtype), params),
     )
@@ -260,7 +261,7 @@ def _dog_update(
     check_params(who, params)
 
     def one(g: Tensor, d0: Tensor, s0: Tensor, p: Tensor, p0: Tensor) -> tuple[Tensor, ...]:
-        d = torch.maximum(d0, torch.sqrt(torch.square(p - p0).sum()))
+        d = torch.maximum(d0, safe_sqrt(torch.square(p - p0).sum()))  # (0 at the first step)
         s = s0 + torch.square(g).sum()
         eta = global_scale * (d / torch.sqrt(s + eps))
         return (eta * g).reshape(g.shape), d, s
