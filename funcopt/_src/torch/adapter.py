@@ -44,7 +44,7 @@ from ..engine.bounds import Hyperparams, normalize
 from ..engine.leaves import torch_counter
 from ..transforms.lookahead import LookaheadState
 from . import chain_inplace, fused
-from .knobs import knobs
+from .knobs import counters_on_device, knobs
 from .state import (
     _assign,
     _converted,
@@ -345,7 +345,7 @@ class Optimizer(torch.optim.Optimizer):
                         p_state[key] = torch_counter(
                             p_state[key],
                             p,
-                            on_device=self._on_device(group) or knobs(algorithm).counters_on_device,
+                            on_device=counters_on_device(algorithm, group),
                             fused=bool(group.get("fused")),
                         )
 
@@ -458,10 +458,6 @@ class Optimizer(torch.optim.Optimizer):
                         self.state[p].update(new)
         return len({id(p) for p in params}) != len(params)
 
-    @staticmethod
-    def _on_device(group: dict[str, Any]) -> bool:
-        return bool(group.get("capturable") or group.get("fused"))
-
     def _make_transform(self, hyperparams: Hyperparams) -> GradientTransformation:
         if isinstance(self._transform, GradientTransformation):
             return self._transform
@@ -490,7 +486,7 @@ class Optimizer(torch.optim.Optimizer):
             return self._transform.torch_state(
                 p,
                 hyperparams,
-                on_device=self._on_device(group) or knobs(self._transform).counters_on_device,
+                on_device=counters_on_device(self._transform, group),
                 fused=bool(group.get("fused")),
             )
         try:  # the transformation that steps the group makes its state

@@ -28,7 +28,7 @@ from ..engine.algorithm import REGISTRY, Algorithm
 from ..engine.bounds import normalize
 from ..engine.leaves import torch_counter
 from .adapter import IMPLEMENTATION_FLAGS, Optimizer
-from .knobs import knobs
+from .knobs import counters_on_device, knobs
 from .state import _slots, _stored
 
 __all__ = ["functional_state", "load_functional_state"]
@@ -240,7 +240,7 @@ class _Face:
 
     def on_device(self, group: dict[str, Any]) -> bool:
         assert self.algorithm is not None
-        return bool(group.get("capturable") or group.get("fused")) or knobs(self.algorithm).counters_on_device
+        return counters_on_device(self.algorithm, group)
 
     def write(self, stored: dict[str, Any], name: str, value: Any, p: Tensor, group: dict[str, Any]) -> None:
         """Write one functional value into a param's state dict, in torch's format."""

@@ -4,6 +4,7 @@ does: a record per algorithm, by name, that the algorithms themselves never read
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..engine.algorithm import Algorithm
 
@@ -34,3 +35,9 @@ KNOBS: dict[str, TorchKnobs] = {
 def knobs(algorithm: Algorithm) -> TorchKnobs:
     """`algorithm`'s record (the defaults for one torch.optim has no class of)."""
     return KNOBS.get(algorithm.name, TorchKnobs())
+
+
+def counters_on_device(algorithm: Algorithm, group: dict[str, Any]) -> bool:
+    """Whether a group's counters live on the param's device: capturable or fused, as
+    torch's classes keep them, or where torch keeps them there always (ASGD)."""
+    return bool(group.get("capturable") or group.get("fused")) or knobs(algorithm).counters_on_device
