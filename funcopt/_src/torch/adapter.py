@@ -137,22 +137,28 @@ def _build(factory: TransformFactory, hyperparams: Hyperparams) -> GradientTrans
     return transform
 
 
-def _factory_defaults(transform: Any) -> dict[str, Any]:
-    """The arguments of a factory that have a default, at their defaults (none for a
-    transformation already built or an `Algorithm`): a param group holds every one, as
-    torch.optim's groups hold all of a class's arguments, so that a scheduler finds
-    ``betas`` or ``momentum`` (OneCycleLR and CyclicLR cycle them) where the constructor
-    was given only ``lr``."""
+def _factory_parameters(transform: Any) -> list[inspect.Parameter]:
+    """The arguments a factory takes by name (none for a transformation already built, or
+    an `Algorithm`, whose classes pass every one; nor for a callable with no signature)."""
     if isinstance(transform, (GradientTransformation, Algorithm)) or not callable(transform):
-        return {}
+        return []
     try:
-        parameters = inspect.signature(transform).parameters
+        parameters = inspect.signature(transform).parameters.values()
     except (TypeError, ValueError):  # a callable with no signature to read
-        return {}
+        return []
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p for p in parameters if p.kind in named and p.name not in ("params", "param_names")]
+
+
+def _factory_defaults(transform: Any) -> dict[str, Any]:
+    """The arguments of a factory that have a default, at their defaults: a param group
+    holds every one, as torch.optim's groups hold all of a class's arguments, so that a
+    scheduler finds ``betas`` or ``momentum`` (OneCycleLR and CyclicLR cycle them) where
+    the constructor was given only ``lr``."""
     return {
-        name: parameters[name].default
-        for name in _factory_args(transform)
-        if parameters[name].default is not inspect.Parameter.empty and name not in IMPLEMENTATION_FLAGS
+        p.name: p.default
+        for p in _factory_parameters(transform)
+        if p.default is not inspect.Parameter.empty and p.name not in IMPLEMENTATION_FLAGS
     }
 
 
@@ -186,17 +192,9 @@ class _ParamGroup(dict[str, Any]):
 
 
 def _factory_args(transform: Any) -> tuple[str, ...]:
-    """The arguments a factory takes by name (none for a transformation already built, or
-    an `Algorithm`, whose classes pass every one): a param group may set any of them,
-    also one the constructor did not name, as torch.optim's groups may."""
-    if isinstance(transform, (GradientTransformation, Algorithm)) or not callable(transform):
-        return ()
-    try:
-        parameters = inspect.signature(transform).parameters.values()
-    except (TypeError, ValueError):  # a callable with no signature to read
-        return ()
-    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return tuple(p.name for p in parameters if p.kind in named and p.name not in ("params", "param_names"))
+    """The names of a factory's arguments: a param group may set any of them, also one
+    the constructor did not name, as torch.optim's groups may."""
+    return tuple(p.name for p in _factory_parameters(transform))
 
 
 class Optimizer(torch.optim.Optimizer):
