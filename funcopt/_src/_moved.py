@@ -38,6 +38,8 @@ MOVED: dict[str, tuple[str, ...]] = {
     "chain_inplace": ("torch.chain_inplace",),
     "fused": ("torch.fused",),
     "convert": ("torch.convert",),
+    # a real package today, whose __getattr__ finds the old names (it is never replaced)
+    "transforms": ("transforms.blocks", "transforms.moments", "transforms.clipping"),
 }
 
 
@@ -49,14 +51,19 @@ class _Moved(types.ModuleType):
         self._homes = homes
 
     def __getattr__(self, attr: str) -> Any:
-        for home in self._homes:
-            try:
-                module = importlib.import_module(f"funcopt._src.{home}")
-            except ModuleNotFoundError:
-                continue
-            if hasattr(module, attr):
-                return getattr(module, attr)
-        raise AttributeError(f"module {self.__name__!r} (moved to {', '.join(self._homes)}) has no {attr!r}")
+        return find(self.__name__, self._homes, attr)
+
+
+def find(old: str, homes: tuple[str, ...], attr: str) -> Any:
+    """`attr` of the old module `old`, from the first of its `homes` that has it."""
+    for home in homes:
+        try:
+            module = importlib.import_module(f"funcopt._src.{home}")
+        except ModuleNotFoundError:
+            continue
+        if hasattr(module, attr):
+            return getattr(module, attr)
+    raise AttributeError(f"module {old!r} (moved to {', '.join(homes)}) has no {attr!r}")
 
 
 def install() -> None:
@@ -64,9 +71,10 @@ def install() -> None:
     allow torch.load's default (weights_only) the old names of the classes it may load."""
     for old, homes in MOVED.items():
         sys.modules.setdefault(f"funcopt._src.{old}", _Moved(f"funcopt._src.{old}", homes))
-    old_of = {f"funcopt._src.{home}": old for old, homes in MOVED.items() for home in homes}
-    for home in ("blocks", "moments", "clipping"):  # that package finds the old names itself
-        old_of.setdefault(f"funcopt._src.transforms.{home}", "transforms")
+    old_of: dict[str, str] = {}
+    for old, homes in MOVED.items():  # (a module that two old ones fed keeps the first's name)
+        for home in homes:
+            old_of.setdefault(f"funcopt._src.{home}", old)
     aliases: list[Any] = [
         (cls, f"funcopt._src.{old_of[cls.__module__]}.{cls.__qualname__}")
         for cls in torch.serialization.get_safe_globals()

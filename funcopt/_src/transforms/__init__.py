@@ -2,18 +2,16 @@
 They import `core` and `engine`.
 
 A transformation pickled before this package existed names its helpers in the module
-``funcopt._src.transforms.blocks`` (today `blocks`): `__getattr__` finds them (tests/test_pickles.py).
+``funcopt._src.transforms`` (today `blocks`, `moments` and `clipping`): `__getattr__`
+finds them there (`_moved.MOVED`; tests/test_pickles.py).
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from .._moved import MOVED, find
 
 
 def __getattr__(name: str) -> Any:
-    for module in ("blocks", "moments", "clipping"):
-        found = getattr(importlib.import_module(f"{__name__}.{module}"), name, None)
-        if found is not None:
-            return found
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return find(__name__, MOVED["transforms"], name)
