@@ -27,7 +27,8 @@ from .base import (
 def _increment(count: Tensor) -> Tensor:
     """``count + 1``, staying at the dtype's largest value instead of overflowing
     (optax's ``safe_increment``)."""
-    return torch.where(count < torch.iinfo(count.dtype).max, count + 1, count)
+    info = torch.iinfo(count.dtype) if not count.is_floating_point() else torch.finfo(count.dtype)
+    return torch.where(count < info.max, count + 1, count)
 
 
 def _tensors(tree: Any) -> list[Tensor]:
@@ -58,10 +59,11 @@ def _update(
     return tx.update(updates, state, params)
 
 
-def _check_state(state: Any, kind: type, who: str) -> None:
+def _check_state(state: Any, kind: type | tuple[type, ...], who: str) -> None:
     if not isinstance(state, kind):
+        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
         raise TypeError(
-            f"{who} got a state of type {type(state).__name__}; pass the {kind.__name__} that init returned"
+            f"{who} got a state of type {type(state).__name__}; pass the {names} that init returned"
         )
 
 

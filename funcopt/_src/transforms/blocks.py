@@ -30,7 +30,7 @@ from ..core.base import (
     empty_init,
     flatten_together,
 )
-from ..core.hyperparams import accepts_schedules
+from ..core.hyperparams import _check_state, _increment, accepts_schedules
 from ..engine.ops import Pure, TensorList
 from .clipping import Scalar, abs_sq, adaptive_grad_clip, clip, clip_by_block_rms, coef, map_updates
 from .masking import masked
@@ -67,26 +67,12 @@ def _count(params: Params) -> Tensor:
     return torch.zeros((), dtype=torch.int32, device=leaves[0].device if leaves else None)
 
 
-def _increment(count: Tensor) -> Tensor:
-    """``count + 1``, or `count` where that would overflow (optax's ``safe_increment``)."""
-    info = torch.iinfo(count.dtype) if not count.is_floating_point() else torch.finfo(count.dtype)
-    return torch.where(count < info.max, count + 1, count)
-
-
 def _bias_correction(decay: Scalar, count: Tensor) -> Tensor:
     """``1 - decay**count`` as a 0-d tensor, computed in float64 (where the device has it):
     in float32 it loses digits where ``decay**count`` is near 1 (see the API contract)."""
     wide = torch.float32 if count.device.type == "mps" else torch.float64
     c = count.to(wide)
     return 1 - (decay.to(wide) if isinstance(decay, Tensor) else decay) ** c
-
-
-def _check_state(state: State, kind: type | tuple[type, ...], who: str) -> None:
-    if not isinstance(state, kind):
-        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-        raise TypeError(
-            f"{who} got a state of type {type(state).__name__}; pass the {names} that init returned"
-        )
 
 
 def _columns(who: str, updates: Updates, state: State, fields: Sequence[str]) -> tuple[list[list[Any]], Any]:
