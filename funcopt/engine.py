@@ -4,7 +4,7 @@ the math into the pure factory, the in-place torch.optim step, ``fused=True``, a
 torch.func behaviour at once; ``docs/adding-an-algorithm.md`` shows how, on Lion.
 """
 
-from ._src.engine.algorithm import Hyperparams
+from ._src.engine.algorithm import Hyperparams, registered
 from ._src.engine.ops import Coef, Ops, at_least, counter_product, nonzero, power
 
-__all__ = ["Coef", "Hyperparams", "Ops", "at_least", "counter_product", "nonzero", "power"]
+__all__ = ["Coef", "Hyperparams", "Ops", "at_least", "counter_product", "nonzero", "power", "registered"]

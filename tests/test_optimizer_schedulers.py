@@ -13,7 +13,7 @@ import torch
 from torch.optim import lr_scheduler as L
 
 import funcopt as fo
-from funcopt._src.torch.adapter import MissingHyperparameterError
+from funcopt._src.torch.factory import MissingHyperparameterError
 
 SCHEDULERS = {
     "LambdaLR": lambda opt: L.LambdaLR(opt, lambda e: 1 / (e + 1)),

@@ -34,7 +34,7 @@ MOVED: dict[str, tuple[str, ...]] = {
         "transforms.schedule_free",
         "core.hyperparams",
     ),
-    "adapter": ("torch.adapter", "torch.state", "torch.step"),
+    "adapter": ("torch.adapter", "torch.factory", "torch.state", "torch.step"),
     "chain_inplace": ("torch.chain_inplace",),
     "fused": ("torch.fused",),
     "convert": ("torch.convert",),

@@ -110,8 +110,8 @@ def scan_inner_loop(
         loss_fn: ``loss_fn(params, *batch) -> scalar``.
         params: the pytree of tensors to adapt.
         transform: the inner optimizer. Its state must keep its structure from step
-            to step (an algorithm whose state grows a buffer at its first step, as SGD
-            with momentum, cannot be scanned), and a differentiable tensor
+            to step (SGD with momentum and a nonzero dampening, whose buffer is made at
+            its first step, cannot be scanned), and a differentiable tensor
             hyperparameter must be in the state (``fo.inject_hyperparams``).
         xs: a tuple of loss_fn's arguments after params, each stacked along a leading
             dimension of length K.
@@ -139,6 +139,17 @@ def scan_inner_loop(
     leaves, spec = pytree.tree_flatten((params, state))
     if not all(isinstance(x, Tensor) for x in leaves):
         raise TypeError("scan_inner_loop: params and state must hold tensors only (scan carries tensors)")
+    step = _step(loss_fn, transform, spec, first_order)
+    final, losses = _scan(step, leaves, stacked)
+    params, state = pytree.tree_unflatten(final, spec)
+    return params, state, losses
+
+
+def _step(
+    loss_fn: Callable[..., Tensor], transform: GradientTransformation, spec: Any, first_order: bool
+) -> Callable[[list[Tensor], tuple[Any, ...]], tuple[list[Tensor], Tensor]]:
+    """One inner step on the flat leaves of ``(params, state)`` (of structure `spec`):
+    the new leaves and the loss before the step."""
     grad_and_loss = torch.func.grad_and_value(loss_fn)
 
     def step(leaves: list[Tensor], x: tuple[Any, ...]) -> tuple[list[Tensor], Tensor]:
@@ -155,6 +166,16 @@ def scan_inner_loop(
             )
         return new, loss
 
+    return step
+
+
+def _scan(
+    step: Callable[[list[Tensor], tuple[Any, ...]], tuple[list[Tensor], Tensor]],
+    leaves: list[Tensor],
+    stacked: Any,
+) -> tuple[list[Tensor], Tensor]:
+    """`step` scanned over the batches `stacked` from `leaves`: the final leaves and the
+    K losses, guarded against a double backward (`_FirstOrderOnly`)."""
     constant = _probe(step, leaves, stacked)
     guarded = list(_FirstOrderOnly.apply(*_distinct(leaves), *_distinct(optree.tree_leaves(stacked))))
     leaves, stacked = (
@@ -181,8 +202,7 @@ def scan_inner_loop(
     for i, c in zip(varying, out):
         final[i] = c.to(leaves[i].dtype)
     *final, losses = _FirstOrderOnly.apply(*final, losses)
-    params, state = pytree.tree_unflatten(final, spec)
-    return params, state, losses
+    return final, losses
 
 
 def _probe(step: Callable[..., Any], leaves: list[Tensor], xs: Any) -> set[int]:

@@ -223,38 +223,10 @@ def _update(
         )
     if not isinstance(state, LBFGSState):
         raise TypeError(f"LBFGS update: state must be an LBFGSState (from init); got {a_kind(state)}")
-    p_all, treedef = _flatten(params)
-    try:
-        g_all = treedef.flatten_up_to(grads)
-    except ValueError as e:
-        raise ValueError(
-            f"LBFGS update: grads does not have the structure of params ({e}). Pass the gradients "
-            "of these params."
-        ) from None
-    rebuild = treedef.unflatten
-    present = [i for i, p in enumerate(p_all) if p is not None]  # None: no param there
-    p_leaves, g_leaves = [p_all[i] for i in present], [g_all[i] for i in present]
-    for i, g in zip(present, g_leaves):
-        if g is not None and not isinstance(g, Tensor):
-            raise TypeError(
-                f"LBFGS update: the gradient of leaf {i} is {a_kind(g)}; grads must be a pytree of "
-                "tensors (None for a param without one)"
-            )
-    flat_grad = _flat_grad(g_leaves, p_leaves)
-    if flat_grad.shape != state.d.shape:
-        raise ValueError(
-            f"LBFGS update: the params have {flat_grad.numel()} real entries, the state "
-            f"{state.d.numel()}: pass a state that init made from these params"
-        )
+    p_all, rebuild, present, p_leaves, flat_grad = _leaves(params, grads, state)
     S: Any = _Traced if tracing() else _Eager
     if S is _Traced:
-        for name in ("max_iter", "max_eval"):
-            bound = hyperparams[name]
-            if isinstance(bound, bool) or not isinstance(bound, int):
-                raise TypeError(
-                    f"LBFGS update: under torch.func transforms and torch.compile, {name} must be an "
-                    f"int (the update runs that many rounds); got {bound!r}"
-                )
+        _check_rounds(hyperparams)
 
     def put_back(leaves: list[Any]) -> Any:
         full: list[Any] = [None] * len(p_all)
@@ -272,6 +244,48 @@ def _update(
     _run(S, point, st, S.number(loss), flat_grad, **hyperparams)
     # every param moves (along the direction, which mixes in what the history holds)
     return put_back([new - p for p, new in zip(p_leaves, point.params)]), _state_from(st, state)
+
+
+def _leaves(
+    params: Params, grads: Params, state: LBFGSState
+) -> tuple[list[Any], Any, list[int], list[Tensor], Tensor]:
+    """The params' leaves (None where a param is absent), the function that rebuilds a
+    tree from them, the indices of the present ones, those params, and their gradients as
+    one flat vector; checked against the grads' structure and the state's size."""
+    p_all, treedef = _flatten(params)
+    try:
+        g_all = treedef.flatten_up_to(grads)
+    except ValueError as e:
+        raise ValueError(
+            f"LBFGS update: grads does not have the structure of params ({e}). Pass the gradients "
+            "of these params."
+        ) from None
+    present = [i for i, p in enumerate(p_all) if p is not None]  # None: no param there
+    p_leaves, g_leaves = [p_all[i] for i in present], [g_all[i] for i in present]
+    for i, g in zip(present, g_leaves):
+        if g is not None and not isinstance(g, Tensor):
+            raise TypeError(
+                f"LBFGS update: the gradient of leaf {i} is {a_kind(g)}; grads must be a pytree of "
+                "tensors (None for a param without one)"
+            )
+    flat_grad = _flat_grad(g_leaves, p_leaves)
+    if flat_grad.shape != state.d.shape:
+        raise ValueError(
+            f"LBFGS update: the params have {flat_grad.numel()} real entries, the state "
+            f"{state.d.numel()}: pass a state that init made from these params"
+        )
+    return p_all, treedef.unflatten, present, p_leaves, flat_grad
+
+
+def _check_rounds(hyperparams: dict[str, Any]) -> None:
+    """Under a tracer the update runs a fixed number of rounds: the bounds must be ints."""
+    for name in ("max_iter", "max_eval"):
+        bound = hyperparams[name]
+        if isinstance(bound, bool) or not isinstance(bound, int):
+            raise TypeError(
+                f"LBFGS update: under torch.func transforms and torch.compile, {name} must be an "
+                f"int (the update runs that many rounds); got {bound!r}"
+            )
 
 
 def _flatten(params: Params) -> tuple[list[Any], Any]:

@@ -73,7 +73,16 @@ from ..core.base import (
 from ..core.hyperparams import has_schedule, with_schedules
 from . import inplace
 from .bounds import Bound, Hyperparams, normalize
-from .leaves import _keep, check_param, initial_buffer, rows, same_batched, scalar_dtype, torch_counter
+from .leaves import (
+    _keep,
+    check_param,
+    group_by,
+    initial_buffer,
+    rows,
+    same_batched,
+    scalar_dtype,
+    torch_counter,
+)
 from .ops import Pure, PureForEach, TensorList, nonzero
 
 _check_tensors = False  # see `checking_tensors` (a global: torch.compile traces no ContextVar)
@@ -92,17 +101,25 @@ def checking_tensors() -> Iterator[None]:
         _check_tensors = before
 
 
-def _nothing(**_: Any) -> tuple[str, ...]:
-    return ()
-
-
-def _valid(hyperparams: Hyperparams) -> None:
-    return None
-
-
 REGISTRY: dict[str, Algorithm] = {}
 """Every algorithm by its name, as registered when made (the torch face finds the algorithm
 of a torch.optim class here, by the class's name)."""
+
+
+def registered(name: str) -> Algorithm:
+    """The algorithm registered under `name` (every `Algorithm` registers itself when made,
+    the first of a name only): funcopt's own pickle as this lookup, so that a pickled
+    transformation names no private module."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KeyError(
+            f"no algorithm named {name!r} is registered: import the module that makes it first "
+            f"(registered: {', '.join(sorted(REGISTRY))})"
+        ) from None
+
+
+registered.__module__ = "funcopt.engine"  # its public home, which pickles record
 
 
 @dataclass(frozen=True, eq=False)
@@ -128,11 +145,11 @@ class Algorithm:
     per_element: bool = True
     # the buffers the math creates where absent, for these hyperparameters (SGD's
     # momentum_buffer): a param with one to create steps by itself, off the fast paths
-    creates: Callable[..., Collection[str]] = _nothing
+    creates: Callable[..., Collection[str]] | None = None
     buffers_like_param: bool = True  # every buffer is shaped like its param (not Adafactor's)
     # torch's checks that are no simple bound (SGD's nesterov), after the bounds; it reads
     # Python numbers only (a tensor may be batched or traced)
-    validate: Callable[[Hyperparams], None] = _valid
+    validate: Callable[[Hyperparams], None] | None = None
     # the hyperparameters that are pairs: those the bounds index (betas), and these (Rprop's
     # etas and step_sizes, which `validate` checks)
     pairs: tuple[str, ...] = ()
@@ -147,6 +164,13 @@ class Algorithm:
         torch.serialization.add_safe_globals([self.state])
         REGISTRY.setdefault(self.name, self)
 
+    def __reduce__(self) -> Any:
+        """funcopt's own algorithms pickle by their registered name (`registered`); a
+        user's, field by field (its functions by their module, as pickle finds them)."""
+        if REGISTRY.get(self.name) is self and self.elementwise.__module__.startswith("funcopt."):
+            return registered, (self.name,)
+        return super().__reduce__()
+
     # -- checks ---------------------------------------------------------------
 
     def check(self, hyperparams: Hyperparams, tensors: bool = False) -> None:
@@ -157,7 +181,8 @@ class Algorithm:
             raise ValueError("Tensor lr must be 1-element")
         for bound in self.bounds:
             bound.check(hyperparams, tensors)
-        self.validate(hyperparams)
+        if self.validate is not None:
+            self.validate(hyperparams)
 
     def check_sparse_grad(self, hyperparams: Hyperparams) -> None:
         """torch's checks of a sparse gradient, run for every param before any changes."""
@@ -286,21 +311,21 @@ class Algorithm:
         buffer_columns: list[list[Any]] = [
             [None if type(b) is MaskedNode else b for b in column] for column in columns[k:]
         ]
-        groups: dict[Any, tuple[Any, list[int]]] = {}  # coefficients and leaves, by what they share
+        groups: list[tuple[Any, list[int]]] = []  # coefficients and leaves, by what they share
         updates: list[Tensor | None] = [None] * n
         usual = self._usual(hyperparams, p_leaves, g_leaves, columns[:k], buffer_columns) if eager else None
         if usual is not None:  # one group, checked column by column
             new, coefficients = usual
             for column, value in zip(new_columns, new):
                 column[:] = [value] * n
-            groups[None] = (coefficients, list(range(n)))
+            groups.append((coefficients, list(range(n))))
         else:
             self._group_leaves(hyperparams, p_leaves, g_leaves, columns, buffer_columns,
                                new_columns, updates, groups, lists_ok, eager, traceable)  # fmt: skip
         face = inplace.FRESH if eager else inplace.WRITTEN_BACK if written_back else inplace.RECORDED
         gs = cast(Sequence[Tensor], g_leaves)  # (a grouped leaf has a gradient)
         keep = functools.partial(_keep, updates, new_columns[k:])
-        for coefficients, indices in groups.values():
+        for coefficients, indices in groups:
             likes = [gs[i] if (p := p_leaves[i]) is None else p for i in indices]
             members = inplace.pick(buffer_columns, indices)
             for route, chosen in inplace.plan(likes, members, face).items():
@@ -380,7 +405,7 @@ class Algorithm:
         buffer_columns: Sequence[Sequence[Tensor | None]],
         new_columns: list[list[Any]],
         updates: list[Tensor | None],
-        groups: dict[Any, tuple[Any, list[int]]],
+        groups: list[tuple[Any, list[int]]],
         lists_ok: bool,
         eager: bool,
         traceable: bool,
@@ -400,40 +425,19 @@ class Algorithm:
         by_value: dict[Any, Any] = {}  # readable counters' values -> their schedule
         creating = self.creating(hyperparams)
         keep = functools.partial(_keep, updates, new_columns[k:])
+        members: list[int] = []  # the leaves that step in groups, their keys, their coefficients
+        keys: list[tuple[Any, ...]] = []
+        by_id: dict[int, Any] = {}
         for i, (p, g, counters, buffers, absent) in enumerate(
             zip(p_leaves, g_leaves, counter_rows, buffer_rows, absent_rows)
         ):
             if g is None:  # skipped, as torch skips a param without .grad
                 continue
-            if not lists_ok and not isinstance(g, Tensor):  # (`untraced` found tensors only)
-                raise TypeError(
-                    f"{self.name} update: the gradient of leaf {i} is {a_kind(g)}; "
-                    "grads must be a pytree of tensors (None for a param to skip)"
-                )
-            sparse = g.is_sparse
-            if sparse:
-                self.check_sparse_grad(hyperparams)
-            # Leaves share their counter tensors (see init): the schedule is computed once
-            # per run of leaves with the same counters. Compared by identity, not id()
-            # (torch.compile would guard on id values), or as views of one batched
-            # counter (`same_batched`), and with the last run only (a search of all
-            # would make tracing quadratic in the number of leaves).
-            if last is None or (
-                any(map(operator.is_not, last[0], counters))
-                and not all(a is b or same_batched(a, b) for a, b in zip(last[0], counters))
-            ):
-                schedule = self._schedule(counters, hyperparams, traceable, by_value)
-                # coefficients in tensors (from a tensor hyperparameter, or counters not
-                # read: traced, or on the meta device) take the `Pure` ops one leaf at a
-                # time; the foreach and in-place ops take numbers
-                last = (counters, schedule, not any(isinstance(c, Tensor) for c in schedule[1]))
+            sparse = self._check_leaf(i, p, g, buffers, hyperparams)
+            last = self._run_schedule(last, counters, hyperparams, traceable, by_value)
             _, (new, coefficients), numeric = last
             for column, value in zip(new_columns, new):
                 column[i] = value
-            shape, dtype = g.shape, g.dtype
-            for t in (p, *(buffers if self.buffers_like_param else ())):
-                if t is not None and (t.shape != shape or t.dtype != dtype):
-                    raise self._mismatch_error(i, p, g, buffers)
             # a param with a buffer to create, or whose math looks across elements, steps by
             # itself with the `Pure` ops; so does any param where lists cannot serve
             if not lists_ok or not numeric or sparse or not self.per_element or creating(buffers):
@@ -444,17 +448,61 @@ class Algorithm:
             like = g if p is None else p  # what the update is shaped and typed like
             # the others in groups that `inplace.plan` runs, by what their math shares (and
             # those that record apart: all a foreach op's outputs record if one does)
-            key = (id(coefficients), like.dtype, like.device, p is None, absent,
-                   not eager and records((p, g), buffers))  # fmt: skip
-            entry = groups.get(key)
-            if entry is None:  # the value keeps the coefficients (the key's id) alive
-                entry = groups[key] = (coefficients, [])
-            entry[1].append(i)
+            keys.append((id(coefficients), like.dtype, like.device, p is None, absent,
+                         not eager and records((p, g), buffers)))  # fmt: skip
+            members.append(i)
+            by_id[id(coefficients)] = coefficients  # (also keeps them, and so their id, alive)
+        for key, positions in group_by([keys]).items():
+            groups.append((by_id[key[0][0]], [members[j] for j in positions]))
+
+    def _check_leaf(
+        self, i: int, p: Tensor | None, g: Any, buffers: Sequence[Tensor | None], hyperparams: Hyperparams
+    ) -> bool:
+        """Raise if leaf i's gradient is no tensor, or its param or buffers are shaped or
+        typed unlike it, or it is sparse where the algorithm takes no sparse gradient.
+        Returns whether it is sparse."""
+        if not isinstance(g, Tensor):
+            raise TypeError(
+                f"{self.name} update: the gradient of leaf {i} is {a_kind(g)}; "
+                "grads must be a pytree of tensors (None for a param to skip)"
+            )
+        if g.is_sparse:
+            self.check_sparse_grad(hyperparams)
+        shape, dtype = g.shape, g.dtype
+        for t in (p, *(buffers if self.buffers_like_param else ())):
+            if t is not None and (t.shape != shape or t.dtype != dtype):
+                raise self._mismatch_error(i, p, g, buffers)
+        return g.is_sparse
+
+    def _run_schedule(
+        self,
+        last: tuple[tuple[Any, ...], Any, bool] | None,
+        counters: tuple[Any, ...],
+        hyperparams: Hyperparams,
+        traceable: bool,
+        by_value: dict[Any, Any],
+    ) -> tuple[tuple[Any, ...], Any, bool]:
+        """A leaf's counters, their schedule, and whether its coefficients are numbers:
+        those of the `last` leaf where it has the same counters. Leaves share their
+        counter tensors (see init): the schedule is computed once per run of leaves with
+        the same counters. Compared by identity, not id() (torch.compile would guard on
+        id values), or as views of one batched counter (`same_batched`), and with the last
+        run only (a search of all would make tracing quadratic in the number of leaves)."""
+        if last is not None and (
+            not any(map(operator.is_not, last[0], counters))
+            or all(a is b or same_batched(a, b) for a, b in zip(last[0], counters))
+        ):
+            return last
+        schedule = self._schedule(counters, hyperparams, traceable, by_value)
+        # coefficients in tensors (from a tensor hyperparameter, or counters not read:
+        # traced, or on the meta device) take the `Pure` ops one leaf at a time; the
+        # foreach and in-place ops take numbers
+        return counters, schedule, not any(isinstance(c, Tensor) for c in schedule[1])
 
     def creating(self, hyperparams: Hyperparams) -> Callable[[Sequence[Tensor | None]], bool]:
         """A test of a param's buffers: whether the math creates one of them (absent, and
         named by `creates` for these hyperparameters)."""
-        creates = self.creates(**hyperparams)
+        creates = () if self.creates is None else self.creates(**hyperparams)
         if not creates:
             return lambda buffers: False
         return lambda buffers: any(
@@ -476,7 +524,9 @@ class Algorithm:
         """The state's fields that are per-param buffers (not counters)."""
         return self.fields[len(self.counters) :]
 
-    def _mismatch_error(self, i: int, p: Tensor | None, g: Tensor, buffers: Sequence[Tensor]) -> ValueError:
+    def _mismatch_error(
+        self, i: int, p: Tensor | None, g: Tensor, buffers: Sequence[Tensor | None]
+    ) -> ValueError:
         """Shapes that differ would broadcast: the update, the new state and then the
         param would silently take another shape. Dtypes that differ would fail inside the
         math with an error that names no tensor, or promote the update."""

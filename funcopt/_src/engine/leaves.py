@@ -71,6 +71,22 @@ def rows(columns: Sequence[Sequence[Any]], n: int) -> list[tuple[Any, ...]]:
     return list(zip(*columns)) if columns else [()] * n
 
 
+def group_by(columns: Sequence[Sequence[Any]]) -> dict[tuple[Any, ...], list[int]]:
+    """The leaves grouped by their key, the tuple of their entries in `columns` (one list
+    per part of the key, a list's entry per leaf), in the order first seen. As usual
+    every leaf has the same key, which is found column by column: a per-leaf tuple costs
+    about as much as a small op, with hundreds of tiny params."""
+    n = len(columns[0]) if columns else 0
+    if not n:
+        return {}
+    if all(column.count(column[0]) == n for column in columns):
+        return {tuple(column[0] for column in columns): list(range(n))}
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, key in enumerate(zip(*columns)):
+        groups.setdefault(key, []).append(i)
+    return groups
+
+
 def _keep(updates: list[Any], buffer_columns: Sequence[list[Any]], i: int, out: Tensor,
           results: Sequence[Tensor | None]) -> None:  # fmt: skip
     """Leaf i's update and new buffers, into `updates` and the buffers' new columns."""

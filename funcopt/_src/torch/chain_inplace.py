@@ -54,6 +54,7 @@ from ..core import base, hyperparams
 from ..core.base import EmptyState, GradientTransformation
 from ..core.hyperparams import ScheduledState, _at
 from ..engine import inplace
+from ..engine.leaves import group_by
 from ..engine.ops import TensorList, nonzero
 from ..transforms import blocks as transforms
 from ..transforms import moments
@@ -435,10 +436,7 @@ def step(
     if not _plain(params, grads, columns):
         return False
     found.finish()
-    by_dtype: dict[torch.dtype, list[int]] = {}
-    for i, p in enumerate(params):
-        by_dtype.setdefault(p.dtype, []).append(i)
-    for dtype, indices in by_dtype.items():
+    for (dtype,), indices in group_by([[p.dtype for p in params]]).items():
         inplace.step_dense(
             found,
             found.coefficients(dtype),

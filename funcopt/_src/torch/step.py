@@ -22,7 +22,7 @@ from ..core.base import (
 from ..engine import inplace
 from ..engine.algorithm import Algorithm
 from ..engine.bounds import Hyperparams
-from ..engine.leaves import rows
+from ..engine.leaves import group_by
 from .state import _assign, _clone, _converted, _fields, _missing_entry
 
 try:
@@ -110,56 +110,73 @@ def _step_in_place(
         _step_in_place(algorithm, given, [p.clone() for p in params], grads, copies, tried=True, dense=dense)
     # what a group shares: the counters' values and dtypes (torch updates a counter in its
     # dtype), the param's dtype, and which buffers are absent
-    shared = [_counter_values(column) for column in counters]
-    shared += [[c.dtype for c in column] for column in counters]
-    n = len(params)
-    groups: dict[Any, list[int]] = {}
-    if all(column.count(column[0]) == n for column in (*shared, dtypes, *absent)):  # one group, as usual
-        key = (tuple(column[0] for column in shared), dtypes[0], tuple(nones[0] for nones in absent))
-        groups[key] = list(range(n))
-    else:
-        for i, key in enumerate(zip(rows(shared, n), dtypes, rows(absent, n))):
-            groups.setdefault(key, []).append(i)
+    shared = [_counter_values(column) for column in counters] + [
+        [c.dtype for c in column] for column in counters
+    ]
     creating = algorithm.creating(hyperparams)
     sharded = any(issubclass(t, DTensor) for t in set(map(type, params)))
     written: list[tuple[list[list[Tensor]], tuple[Any, ...]]] = []  # counters, their new values
-    for key, indices in groups.items():
+    for key, indices in group_by([*shared, dtypes, *absent]).items():
         new_values, coefficients = _to_python(
-            algorithm.schedule(*key[0][:k], counter_dtypes=key[0][k:], **given)
+            algorithm.schedule(*key[:k], counter_dtypes=key[k : 2 * k], **given)
         )
         written.append(([[column[i] for i in indices] for column in counters], new_values))
         # a param whose math looks across elements, or that has a buffer to create, steps
         # by itself; so does a DTensor whose buffers are not all sharded as it is
         alone = not algorithm.per_element or creating([column[indices[0]] for column in buffer_columns])
-        if not (alone or sparse or sharded or key[1].is_complex):  # as usual
+        if not (alone or sparse or sharded or key[2 * k].is_complex):  # as usual
             ps, gs, *columns_picked = inplace.pick((params, grads, *buffer_columns), indices)
             dense(algorithm, coefficients, hyperparams, ps, gs, columns_picked)
-            continue
-        # (a group with DTensors, complex or sparse gradients: no fused kernels)
-        plain: tuple[list[Any], list[Any], list[Any]] = ([], [], [])  # params, grads, buffers
-        for i in indices:
-            p, g, buffers = params[i], grads[i], [column[i] for column in buffer_columns]
-            if isinstance(p, DTensor) and not alone:  # its local shards, if sharded alike
-                p, g, buffers = _local_shards(p, g, buffers) or (p, g, buffers)
-            is_complex = p.is_complex()
-            if is_complex:
-                p, g, buffers = as_real(p), as_real(g), [as_real(b) for b in buffers]
-            if alone or g.is_sparse or isinstance(p, DTensor):  # by itself (sparse or DTensor ops)
-                new = inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
-                for name, old, value in zip(algorithm.buffer_fields, buffers, new):
-                    if old is None and value is not None:  # created (SGD's momentum_buffer)
-                        states[i][name] = as_complex(value) if is_complex else value
-                continue
-            for column, value in zip(plain, (p, g, buffers)):
-                column.append(value)
-        if plain[0]:
-            by_buffer = [list(column) for column in zip(*plain[2])]
-            inplace.step_dense(algorithm, coefficients, hyperparams, plain[0], plain[1], by_buffer)
+        else:  # (a group with DTensors, complex or sparse gradients: no fused kernels)
+            _step_apart(
+                algorithm, coefficients, hyperparams, indices, alone, params, grads, states, buffer_columns
+            )
+    _write_counters(written)
+
+
+def _write_counters(written: list[tuple[list[list[Tensor]], tuple[Any, ...]]]) -> None:
+    """Each group's new counter values (Python numbers) into its counters' tensors."""
     for tensors, new_values in written:
         for column, value in zip(tensors, new_values):
             # made where the counters live (a group's are alike in dtype): no copy from the host
             source = torch.full((), value, dtype=column[0].dtype, device=column[0].device)
             torch._foreach_copy_(column, [source] * len(column))
+
+
+def _step_apart(
+    algorithm: Algorithm,
+    coefficients: tuple[Any, ...],
+    hyperparams: Hyperparams,
+    indices: list[int],
+    alone: bool,
+    params: list[Tensor],
+    grads: list[Tensor],
+    states: list[dict[str, Any]],
+    buffer_columns: list[list[Any]],
+) -> None:
+    """The step of a group (`indices`) that is not all dense and real: a param whose math
+    looks across elements or creates a buffer (`alone`), or with a sparse gradient or a
+    DTensor steps by itself (a sharded one on its local shards where it can); complex
+    ones step as real views, with the rest of the group, by `inplace.step_dense`."""
+    plain: tuple[list[Any], list[Any], list[Any]] = ([], [], [])  # params, grads, buffers
+    for i in indices:
+        p, g, buffers = params[i], grads[i], [column[i] for column in buffer_columns]
+        if isinstance(p, DTensor) and not alone:  # its local shards, if sharded alike
+            p, g, buffers = _local_shards(p, g, buffers) or (p, g, buffers)
+        is_complex = p.is_complex()
+        if is_complex:
+            p, g, buffers = as_real(p), as_real(g), [as_real(b) for b in buffers]
+        if alone or g.is_sparse or isinstance(p, DTensor):  # by itself (sparse or DTensor ops)
+            new = inplace.run(algorithm, coefficients, hyperparams, p, p, g, buffers)
+            for name, old, value in zip(algorithm.buffer_fields, buffers, new):
+                if old is None and value is not None:  # created (SGD's momentum_buffer)
+                    states[i][name] = as_complex(value) if is_complex else value
+            continue
+        for column, value in zip(plain, (p, g, buffers)):
+            column.append(value)
+    if plain[0]:
+        by_buffer = [list(column) for column in zip(*plain[2])]
+        inplace.step_dense(algorithm, coefficients, hyperparams, plain[0], plain[1], by_buffer)
 
 
 def _counter_values(column: list[Tensor]) -> list[Any]:
