@@ -9,7 +9,7 @@ mixed shapes:
   algorithm and the public class, the latter two with foreach on and off and ``fused=True``
   (compiled kernels: slow);
 - its first step descends (ascends with maximize);
-- its update is pure (grads, state and params untouched);
+- its update is pure, and its functional state keeps one structure from init on (grads, state and params untouched);
 - ``vmap`` over 3 param sets equals 3 runs, ``grad`` through 2 steps matches finite
   differences (lr) and autograd (initial params), ``torch.compile(fullgraph=True)``
   matches eager (slow);
@@ -94,8 +94,10 @@ def away_from_defaults(algorithm: Algorithm, defaults: dict[str, Any]) -> dict[s
     def away(key: str, value: Any) -> Any:
         if isinstance(value, tuple):
             return tuple(away(key, v) for v in value)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, int) and value):
-            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return value  # flags, None, strings (Muon's adjust_lr_fn)
+        if isinstance(value, int) and value:
+            return value  # counts (Muon's ns_steps)
         return 0.05 if key == "lr" or value == 0 else 0.8 * value
 
     bounded = {b.key for b in algorithm.bounds}
@@ -158,6 +160,22 @@ def cases() -> list[Case]:
 CASES = cases()
 DEFAULT_CASES = [c for c in CASES if c.label in ("defaults", "away")]
 
+# Functional states that still change structure at the first step, which issue 61 asks to
+# end: SGD's momentum buffer with dampening, made at step 1 (zeros from init cannot tell
+# the first step apart without a count). Strict: a fix makes these pass, and then fail here.
+GROWS_AT_FIRST_STEP = {"SGD-away", "SGD-maximize=True"}
+
+
+def known_growing(cases: list[Case]) -> list[Any]:
+    """`cases`, those of `GROWS_AT_FIRST_STEP` marked as expected to fail."""
+    reason = "its functional state grows a buffer at the first step (GROWS_AT_FIRST_STEP)"
+    return [
+        pytest.param(c, marks=pytest.mark.xfail(reason=reason, strict=True))
+        if repr(c) in GROWS_AT_FIRST_STEP
+        else c
+        for c in cases
+    ]
+
 
 def ids(case: Case) -> str:
     return repr(case)
@@ -185,7 +203,8 @@ def kind(name: str) -> str:
     matrix = {"w": torch.ones(3, 2, dtype=torch.float64)}
     if not _steps_on(case.algorithm, case.hyperparams, matrix):
         return "sparse"
-    return "any" if _steps_on(case.algorithm, case.hyperparams, {"v": torch.ones(3, dtype=torch.float64)}) else "matrices"
+    vector = {"v": torch.ones(3, dtype=torch.float64)}
+    return "any" if _steps_on(case.algorithm, case.hyperparams, vector) else "matrices"
 
 
 def shapes(name: str) -> dict[str, tuple[int, ...]]:
@@ -206,7 +225,9 @@ def loss(params: dict[str, torch.Tensor]) -> torch.Tensor:
     return sum((torch.sin(2 * p) + p * p / 2).sum() for p in params.values())
 
 
-def gradients(name: str, params: dict[str, torch.Tensor], steps: int = STEPS) -> list[dict[str, torch.Tensor]]:
+def gradients(
+    name: str, params: dict[str, torch.Tensor], steps: int = STEPS
+) -> list[dict[str, torch.Tensor]]:
     """Random gradients, one tree per step (sparse COO where the algorithm takes no other,
     holding about half the entries)."""
     gen = torch.Generator().manual_seed(1)
@@ -257,13 +278,16 @@ def faces(case: Case, *, fused: bool = False) -> dict[str, Any]:
     out = {}
     for foreach in (False, True):
         ps = as_leaves(params)
-        out[f"fo.Optimizer foreach={foreach}"] = (fo.Optimizer(ps, case.algorithm, **case.hyperparams, foreach=foreach), ps)
+        out[f"fo.Optimizer foreach={foreach}"] = (
+            fo.Optimizer(ps, case.algorithm, **case.hyperparams, foreach=foreach),
+            ps,
+        )
         if "foreach" in inspect.signature(case.cls).parameters:
             ps = as_leaves(params)
             out[f"{case.name} foreach={foreach}"] = (case.cls(ps, **case.kwargs, foreach=foreach), ps)
     if fused:
         ps = as_leaves(params)
-        out[f"fo.Optimizer fused"] = (fo.Optimizer(ps, case.algorithm, **case.hyperparams, fused=True), ps)
+        out["fo.Optimizer fused"] = (fo.Optimizer(ps, case.algorithm, **case.hyperparams, fused=True), ps)
         ps = as_leaves(params)
         out[f"{case.name} fused"] = (case.cls(ps, **case.kwargs, fused=True), ps)
     return out
@@ -325,7 +349,9 @@ def test_faces_agree(case, monkeypatch):
         monkeypatch.setattr(inplace, "TINY", tiny)
         for label, (opt, ps) in faces(case, fused=fusable(case) and tiny > 8).items():
             tol = FUSED if "fused" in label else ROUND_OFF
-            assert_same(dict(zip(params, run_class(opt, ps, grads_seq))), expected, f"{label} TINY={tiny}", **tol)
+            assert_same(
+                dict(zip(params, run_class(opt, ps, grads_seq))), expected, f"{label} TINY={tiny}", **tol
+            )
             assert_tree_close(fo.functional_state(opt, dict(zip(params, ps))), state, **tol)
 
 
@@ -356,7 +382,8 @@ def test_first_step_descends(case):
     (which they would agree on) fails here too: without weight decay, the first update
     points against the gradient (along it with maximize=True)."""
     params = make_params(case.name)
-    hyperparams = {**case.hyperparams, **({"weight_decay": 0.0} if "weight_decay" in case.hyperparams else {})}
+    no_decay = {"weight_decay": 0.0} if "weight_decay" in case.hyperparams else {}
+    hyperparams = {**case.hyperparams, **no_decay}
     tx = case.algorithm.transform(**hyperparams)
     grads = gradients(case.name, params)[0]
     updates, _ = tx.update(grads, tx.init(params), params)
@@ -387,8 +414,10 @@ def test_vmap_equals_separate_runs(case):
     tx = case.algorithm.transform(**case.hyperparams, **FLOAT64_MATH.get(case.name, {}))
     batched = vmap(lambda p, gs: run_functional(tx, p, gs))(params, grads_seq)
     for i in range(3):
-        member = optree.tree_map(lambda x: x[i], (params, grads_seq))
-        assert_tree_close(optree.tree_map(lambda x: x[i], batched), run_functional(tx, *member), **ROUND_OFF)
+        member = optree.tree_map(lambda x, i=i: x[i], (params, grads_seq))
+        assert_tree_close(
+            optree.tree_map(lambda x, i=i: x[i], batched), run_functional(tx, *member), **ROUND_OFF
+        )
 
 
 def final_loss(case: Case, lr: torch.Tensor, params: dict[str, torch.Tensor], steps: int = 2) -> torch.Tensor:
@@ -419,8 +448,23 @@ def test_grad_through_two_steps(case):
     assert_same(d_params, {k: p.grad for k, p in leaves.items()}, **ROUND_OFF)
 
 
+@pytest.mark.parametrize("case", known_growing(CASES), ids=ids)
+def test_state_keeps_its_structure(case):
+    """The functional state's tree structure, shapes and dtypes at init are those after
+    each step (so a compiled update compiles once, and the state can be a scan carry)."""
+    params = make_params(case.name)
+    tx = case.algorithm.transform(**case.hyperparams)
+    state = tx.init(params)
+    layout = lambda s: optree.tree_map(lambda x: (x.shape, x.dtype) if isinstance(x, torch.Tensor) else x, s)  # noqa: E731
+    for grads in gradients(case.name, params):
+        updates, new_state = tx.update(grads, state, params)
+        assert optree.tree_structure(new_state) == optree.tree_structure(state)
+        assert layout(new_state) == layout(state)
+        state, params = new_state, fo.apply_updates(params, updates)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("case", CASES, ids=ids)
+@pytest.mark.parametrize("case", known_growing(CASES), ids=ids)
 def test_compiled_update_equals_eager(case):
     """torch.compile(tx.update, fullgraph=True) over 2 steps, with the aot_eager backend
     (Dynamo's graph and AOTAutograd's decompositions: what fullgraph refuses or a trace gets
@@ -433,8 +477,9 @@ def test_compiled_update_equals_eager(case):
     tx = case.algorithm.transform(**case.hyperparams)
     compiled = torch.compile(tx.update, fullgraph=True, backend="aot_eager")
     state = eager_state = tx.init(params)
-    for grads in gradients(case.name, params, steps=2):
-        updates, state = compiled(grads, state, params)
+    for i, grads in enumerate(gradients(case.name, params, steps=2)):
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):  # one graph: the state keeps its structure
+            updates, state = compiled(grads, state, params)
         expected, eager_state = tx.update(grads, eager_state, params)
         assert_tree_close((updates, state), (expected, eager_state), **ROUND_OFF)
         params = fo.apply_updates(params, expected)
@@ -461,7 +506,9 @@ def with_value(kwargs: dict[str, Any], bound: Any, value: float) -> dict[str, An
 
 
 BOUND_CASES = [
-    pytest.param(c, bound, value, id=f"{c.name}-{bound.key}{'' if bound.index is None else bound.index}={value}")
+    pytest.param(
+        c, bound, value, id=f"{c.name}-{bound.key}{'' if bound.index is None else bound.index}={value}"
+    )
     for c in CASES
     if c.label == "defaults"
     for bound in c.algorithm.bounds
@@ -526,6 +573,10 @@ def test_transformation_and_state_pickle(case):
     _, state = run_functional(tx, params, grads_seq[:2])
     tx2, state2 = pickle.loads(pickle.dumps((tx, state)))
     assert type(state2) is type(state)
+    assert b"_src" not in pickle.dumps(state), "a state pickles under a public path (funcopt.AdamState)"
+    factory = public_factory(case)
+    if factory is not None:  # a transformation pickles as its public factory and arguments
+        assert b"_src" not in pickle.dumps(factory)
     assert_tree_close(state2, state, **EXACT)
     expected = tx.update(grads_seq[2], state, params)
     assert_tree_close(tx2.update(grads_seq[2], state2, params), expected, **EXACT)
@@ -536,4 +587,5 @@ def test_every_registered_algorithm_is_covered():
     from them, and each boolean option of its class."""
     assert {c.name for c in CASES} == set(REGISTRY)
     assert all(math.isfinite(float(c.hyperparams["lr"])) for c in CASES)
-    assert "Lion" in REGISTRY and {c.label for c in CASES if c.name == "Lion"} == {"defaults", "away", "maximize=True"}
+    lion = {c.label for c in CASES if c.name == "Lion"}
+    assert lion == {"defaults", "away", "maximize=True"}
