@@ -144,16 +144,20 @@ def option_sets(algorithm: Algorithm, cls: type[fo.Optimizer]) -> list[tuple[str
     return sets
 
 
+def built_in(algorithm: Algorithm) -> bool:
+    """Whether `algorithm` is funcopt's own (not one a user, or the docs, registered)."""
+    return algorithm.state.__module__.startswith("funcopt.")
+
+
 def cases() -> list[Case]:
+    """Each registered algorithm with its option sets. One without a drop-in class (a user's,
+    made while this module was imported) is left out: the class gives the defaults;
+    `test_every_registered_algorithm_is_covered` requires one for each built-in."""
     out = []
-    for algorithm in REGISTRY.values():
+    for algorithm in list(REGISTRY.values()):
         cls = drop_in_class(algorithm)
-        if cls is None:  # a class reads the defaults; without one, this suite cannot guess them
-            raise AssertionError(
-                f"registered algorithm {algorithm.name!r} has no drop-in class fo.{algorithm.name}: "
-                "tests/test_registered_algorithms.py reads an algorithm's defaults from its class"
-            )
-        out += [Case(algorithm, cls, label, kwargs) for label, kwargs in option_sets(algorithm, cls)]
+        if cls is not None:
+            out += [Case(algorithm, cls, label, kwargs) for label, kwargs in option_sets(algorithm, cls)]
     return out
 
 
@@ -585,7 +589,9 @@ def test_transformation_and_state_pickle(case):
 def test_every_registered_algorithm_is_covered():
     """The cases come from the registry itself: each algorithm with its defaults, values away
     from them, and each boolean option of its class."""
-    assert {c.name for c in CASES} == set(REGISTRY)
+    assert {c.name for c in CASES} >= {name for name, a in REGISTRY.items() if built_in(a)}, (
+        "a built-in algorithm without a drop-in class fo.NAME, which gives this suite its defaults"
+    )
     assert all(math.isfinite(float(c.hyperparams["lr"])) for c in CASES)
     lion = {c.label for c in CASES if c.name == "Lion"}
     assert lion == {"defaults", "away", "maximize=True"}
