@@ -163,6 +163,81 @@ def _step_length(S: Any, flat_grad: Tensor, lr: Any) -> Any:
     return lr
 
 
+def _new_direction(
+    S: Any,
+    hist: Any,
+    flat_grad: Tensor,
+    prev_flat_grad: Tensor,
+    d: Tensor,
+    t: Any,
+    H_diag: Any,
+    live: Any,
+    first: Any,
+    lr: Any,
+) -> tuple[Tensor, Any, Any]:
+    """One iteration's direction and step length, where `live`: the gradient's and a
+    scaled lr at the first iteration (the history reset), the L-BFGS direction from the
+    updated history and the lr after. Returns the direction, step length and Hessian scale."""
+    hist.reset(S, S.and_(live, first))
+    H_diag, d_new = S.cond(
+        S.not_(first),
+        _lbfgs_direction,
+        _first_direction,
+        S,
+        hist,
+        flat_grad,
+        prev_flat_grad,
+        d,
+        t,
+        H_diag,
+        live,
+        first,
+    )
+    t_new = S.cond(first, _first_step_length, _step_length, S, flat_grad, lr)
+    return S.where(live, d_new, d), S.where(live, t_new, t), H_diag
+
+
+def _move(
+    S: Any,
+    point: Any,
+    line_search_fn: str | None,
+    d: Tensor,
+    t: Any,
+    loss: Any,
+    flat_grad: Tensor,
+    gtd: Any,
+    live: Any,
+    opt_cond: Any,
+    not_last: Any,
+    *,
+    max_ls: Any,
+    rounds: int,
+    tolerance_grad: Any,
+) -> tuple[Any, Tensor, Any, Any, Any]:
+    """One iteration's move of `point` along `d`, where `live`: by the strong-Wolfe line
+    search (`_strong_wolfe`) from step length `t`, or by `t` itself, then the loss there
+    unless it is the last iteration (`not_last` false). Returns the loss, flat gradient,
+    step length and optimality condition there, and the number of evaluations."""
+    if line_search_fn is not None:
+        if line_search_fn != "strong_wolfe":
+            raise RuntimeError("only 'strong_wolfe' is supported")
+        loss_new, grad_new, t_new, ls_func_evals = _strong_wolfe(
+            S, point.searcher(d), t, d, loss, flat_grad, gtd, max_ls=max_ls, rounds=rounds, live=live
+        )
+        loss, flat_grad, t = (
+            S.where(live, loss_new, loss),
+            S.where(live, grad_new, flat_grad),
+            S.where(live, t_new, t),
+        )
+        point.move(S, t, d, live)
+        return loss, flat_grad, t, flat_grad.abs().max() <= tolerance_grad, ls_func_evals
+    point.move(S, t, d, live)
+    again = S.and_(live, not_last)
+    loss, flat_grad = point.evaluate(again, (loss, flat_grad))
+    opt_cond = S.where(again, flat_grad.abs().max() <= tolerance_grad, opt_cond)
+    return loss, flat_grad, t, opt_cond, S.count(again)
+
+
 def _run(
     S: Any,
     point: Any,
@@ -197,61 +272,17 @@ def _run(
         n_iter = n_iter + S.count(live)
         st.n_iter = st.n_iter + S.count(live)
         first = st.n_iter == 1
-        # -- the direction: the gradient's, or the L-BFGS one from the updated history
-        hist.reset(S, S.and_(live, first))
-
-        H_diag, d_new = S.cond(
-            S.not_(first),
-            _lbfgs_direction,
-            _first_direction,
-            S,
-            hist,
-            flat_grad,
-            prev_flat_grad,
-            d,
-            t,
-            H_diag,
-            live,
-            first,
-        )
-        d = S.where(live, d_new, d)
+        d, t, H_diag = _new_direction(S, hist, flat_grad, prev_flat_grad, d, t, H_diag, live, first, lr)
         prev_flat_grad = S.where(live, flat_grad, prev_flat_grad)
         prev_loss = S.where(live, loss, prev_loss)
-        # -- the step length
-        t_new = S.cond(first, _first_step_length, _step_length, S, flat_grad, lr)
-        t = S.where(live, t_new, t)
         gtd = flat_grad.dot(d)  # the directional derivative
         live = S.and_(live, S.not_(gtd > -tolerance_change))
         if S.stop(live):
             break
-        if line_search_fn is not None:
-            if line_search_fn != "strong_wolfe":
-                raise RuntimeError("only 'strong_wolfe' is supported")
-            loss_new, grad_new, t_new, ls_func_evals = _strong_wolfe(
-                S,
-                point.searcher(d),
-                t,
-                d,
-                loss,
-                flat_grad,
-                gtd,
-                max_ls=max_eval - current_evals,
-                rounds=max_eval - 1,
-                live=live,
-            )
-            loss, flat_grad, t = (
-                S.where(live, loss_new, loss),
-                S.where(live, grad_new, flat_grad),
-                S.where(live, t_new, t),
-            )
-            point.move(S, t, d, live)
-            opt_cond = flat_grad.abs().max() <= tolerance_grad
-        else:  # a fixed step, then the loss there, but in the last iteration
-            point.move(S, t, d, live)
-            again = S.and_(live, n_iter != max_iter)
-            loss, flat_grad = point.evaluate(again, (loss, flat_grad))
-            opt_cond = S.where(again, flat_grad.abs().max() <= tolerance_grad, opt_cond)
-            ls_func_evals = S.count(again)
+        loss, flat_grad, t, opt_cond, ls_func_evals = _move(
+            S, point, line_search_fn, d, t, loss, flat_grad, gtd, live, opt_cond, n_iter != max_iter,
+            max_ls=max_eval - current_evals, rounds=max_eval - 1, tolerance_grad=tolerance_grad,
+        )  # fmt: skip
         current_evals = current_evals + ls_func_evals
         st.func_evals = st.func_evals + ls_func_evals
         # -- the conditions that end the step

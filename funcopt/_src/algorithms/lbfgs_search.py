@@ -219,6 +219,73 @@ def _take(
     return S.where(low1, high, low), S.where(low1, low, high)
 
 
+def _bracket_checks(
+    S: Any,
+    bracketing: Any,
+    ls_iter: Any,
+    max_ls: Any,
+    t: Any,
+    f: Any,
+    gtd: Any,
+    f_prev: Any,
+    f_new: Any,
+    gtd_new: Any,
+    c1: float,
+    c2: float,
+) -> tuple[Any, Any, Any, Any]:
+    """The bracketing phase's tests of its new point (at step length `t`), where it runs:
+    whether it is out of evaluations, else (`checking`) whether the point and the one
+    before make a bracket (`pair`: the loss is not lower enough, or the slope no longer
+    descends), or the point alone meets the strong Wolfe conditions (`single`)."""
+    out_of_evals = S.and_(bracketing, ls_iter >= max_ls)
+    checking = S.and_(bracketing, S.not_(out_of_evals))
+    not_lower = S.or_(f_new > (f + c1 * t * gtd), S.and_(ls_iter > 1, f_new >= f_prev))
+    wolfe = abs(gtd_new) <= -c2 * gtd
+    pair = S.and_(checking, S.or_(not_lower, S.and_(S.not_(wolfe), gtd_new >= 0)))
+    single = S.and_(checking, S.and_(S.not_(not_lower), wolfe))  # [t]: done
+    return out_of_evals, checking, pair, single
+
+
+def _zoom_take(
+    S: Any,
+    zooming: Any,
+    done: Any,
+    low1: Any,
+    ends: tuple[Any, ...],
+    t: Any,
+    f_new: Any,
+    g_new: Tensor,
+    gtd_new: Any,
+    f: Any,
+    gtd: Any,
+    c1: float,
+    c2: float,
+) -> tuple[Any, Any, tuple[Any, ...]]:
+    """The zoom phase's bracket after its new point (at step length `t`), where it runs:
+    the point replaces the high end where its loss is not lower enough, else the low end
+    (`_take`). `ends` and the result are the bracket's ends ``(b0, bf0, bg0, bgtd0, b1,
+    bf1, bg1, bgtd1)``: step length, loss, gradient and slope of each. Returns whether the
+    search is done (the point meets the strong Wolfe conditions), the new `low1`, and the
+    ends."""
+    b0, bf0, bg0, bgtd0, b1, bf1, bg1, bgtd1 = ends
+    f_low = S.where(low1, bf1, bf0)
+    higher = S.and_(zooming, S.or_(f_new > (f + c1 * t * gtd), f_new >= f_low))
+    lower = S.and_(zooming, S.not_(higher))
+    wolfe = abs(gtd_new) <= -c2 * gtd
+    done = S.or_(done, S.and_(lower, wolfe))
+    b_high, b_low = S.where(low1, b0, b1), S.where(low1, b1, b0)
+    # the old low end becomes the high end
+    flip = S.and_(lower, S.and_(S.not_(wolfe), gtd_new * (b_high - b_low) >= 0))
+
+    moves = (S, low1, higher, lower, flip)
+    b0, b1 = _take(*moves, b0, b1, t)
+    bf0, bf1 = _take(*moves, bf0, bf1, f_new)
+    bg0, bg1 = _take(*moves, bg0, bg1, g_new)
+    bgtd0, bgtd1 = _take(*moves, bgtd0, bgtd1, gtd_new)
+    low1 = S.where(higher, S.not_(bf0 <= bf1), low1)
+    return done, low1, (b0, bf0, bg0, bgtd0, b1, bf1, bg1, bgtd1)
+
+
 def _strong_wolfe(
     S: Any,
     evaluate: Callable[[Any, Any, tuple[Any, Tensor]], tuple[Any, Tensor]],
@@ -258,12 +325,9 @@ def _strong_wolfe(
         if S.stop(S.or_(bracketing, zooming)):
             break
         # -- the bracketing phase: its loop ran out, or a condition makes the bracket
-        out_of_evals = S.and_(bracketing, ls_iter >= max_ls)
-        checking = S.and_(bracketing, S.not_(out_of_evals))
-        not_lower = S.or_(f_new > (f + c1 * t * gtd), S.and_(ls_iter > 1, f_new >= f_prev))
-        wolfe = abs(gtd_new) <= -c2 * gtd
-        pair = S.and_(checking, S.or_(not_lower, S.and_(S.not_(wolfe), gtd_new >= 0)))
-        single = S.and_(checking, S.and_(S.not_(not_lower), wolfe))  # [t]: done
+        out_of_evals, checking, pair, single = _bracket_checks(
+            S, bracketing, ls_iter, max_ls, t, f, gtd, f_prev, f_new, gtd_new, c1, c2
+        )
         entering = S.or_(out_of_evals, S.or_(pair, single))
         b0 = S.where(out_of_evals, 0, S.where(pair, t_prev, S.where(single, t, b0)))
         b1 = S.where(entering, t, b1)
@@ -296,21 +360,10 @@ def _strong_wolfe(
         gtd_new = S.where(run, g_new.dot(d), gtd_new)
         ls_iter = ls_iter + S.count(run)
         # -- the zoom phase takes the new point into its bracket
-        f_low = S.where(low1, bf1, bf0)
-        higher = S.and_(zooming, S.or_(f_new > (f + c1 * t * gtd), f_new >= f_low))
-        lower = S.and_(zooming, S.not_(higher))
-        wolfe = abs(gtd_new) <= -c2 * gtd
-        done = S.or_(done, S.and_(lower, wolfe))
-        b_high, b_low = S.where(low1, b0, b1), S.where(low1, b1, b0)
-        # the old low end becomes the high end
-        flip = S.and_(lower, S.and_(S.not_(wolfe), gtd_new * (b_high - b_low) >= 0))
-
-        moves = (S, low1, higher, lower, flip)
-        b0, b1 = _take(*moves, b0, b1, t)
-        bf0, bf1 = _take(*moves, bf0, bf1, f_new)
-        bg0, bg1 = _take(*moves, bg0, bg1, g_new)
-        bgtd0, bgtd1 = _take(*moves, bgtd0, bgtd1, gtd_new)
-        low1 = S.where(higher, S.not_(bf0 <= bf1), low1)
+        done, low1, (b0, bf0, bg0, bgtd0, b1, bf1, bg1, bgtd1) = _zoom_take(
+            S, zooming, done, low1, (b0, bf0, bg0, bgtd0, b1, bf1, bg1, bgtd1), t, f_new, g_new, gtd_new,
+            f, gtd, c1, c2,
+        )  # fmt: skip
     # out of rounds still bracketing (`_Traced` only): out of evaluations, as torch's loop
     b0, b1 = S.where(bracketing, 0, b0), S.where(bracketing, t, b1)
     bf0, bf1 = S.where(bracketing, f, bf0), S.where(bracketing, f_new, bf1)
