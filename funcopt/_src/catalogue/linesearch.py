@@ -173,6 +173,11 @@ class ScaleByBacktrackingLinesearchState(NamedTuple):
     info: BacktrackingLinesearchInfo
 
 
+torch.serialization.add_safe_globals(
+    [BacktrackingLinesearchInfo, ScaleByBacktrackingLinesearchState]
+)  # loads with torch.load(weights_only=True)
+
+
 class _Trial(NamedTuple):
     learning_rate: Tensor
     new_value: Tensor

@@ -60,6 +60,11 @@ class ScaleByZoomLinesearchState(NamedTuple):
     info: ZoomLinesearchInfo
 
 
+torch.serialization.add_safe_globals(
+    [ZoomLinesearchInfo, ScaleByZoomLinesearchState]
+)  # loads with torch.load(weights_only=True)
+
+
 class _Zoom(NamedTuple):
     """optax's ``ZoomLinesearchState``, less what stays fixed (params, updates)."""
 
