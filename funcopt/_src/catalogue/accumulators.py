@@ -197,7 +197,7 @@ def _sm3_update(
         c0: Any = torch.where(c2 != 1.0, 1 - c2, torch.ones_like(c2)) if isinstance(c2, Tensor) else None
         if c0 is None:
             c0 = (1 - c2) if c2 != 1.0 else 1.0
-        dims: list[Tensor] = list(mu_lists[i])  # type: ignore[arg-type]
+        dims: list[Tensor] = list(mu_lists[i])
         v = [m.reshape([1] * k + [g.shape[k]] + [1] * (g.ndim - k - 1)) for k, m in enumerate(dims)]
         accum = c0 * g**2 + c2 * (v[0] if g.ndim < 2 else functools.reduce(torch.minimum, v))
         up = g * torch.where(accum > 0, torch.rsqrt(accum + coef(eps, g)), 0.0)

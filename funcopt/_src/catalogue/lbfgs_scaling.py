@@ -82,6 +82,7 @@ def _lbfgs_update(
     who = "scale_by_lbfgs update"
     _check_state(state, ScaleByLBFGSState, who)
     check_params(who, params)
+    assert params is not None  # (check_params raised otherwise)
     updates = as_grad(updates, params)  # a param without gradient: zeros, as torch's LBFGS
     count, weights_dtype = state.count, state.weights_memory.dtype
     first = count == 0

@@ -224,7 +224,7 @@ def _backtracking_update(
         eta = torch.where(t.iter_num > 0, hp["decrease_factor"] * t.learning_rate, t.learning_rate)
         new_params = add_scale(params, eta, updates)
         if hp["store_grad"] and not tracing():
-            new_value, back = vjp(lambda p: loss_of(fn, p, dtype, device), new_params)
+            new_value, back = vjp(lambda p: loss_of(fn, p, dtype, device), new_params)[:2]
             pullback[:] = [back]
         else:
             new_value = loss_of(fn, new_params, dtype, device)
@@ -299,7 +299,7 @@ def scale_by_backtracking_linesearch(
         raise ValueError(
             f"scale_by_backtracking_linesearch: max_backtracking_steps must be >= 0, got {max_backtracking_steps}"
         )
-    hp = dict(
+    hp: dict[str, Any] = dict(
         max_backtracking_steps=max_backtracking_steps, slope_rtol=slope_rtol, decrease_factor=decrease_factor,
         increase_factor=increase_factor, max_learning_rate=max_learning_rate, atol=atol, rtol=rtol,
         store_grad=bool(store_grad),

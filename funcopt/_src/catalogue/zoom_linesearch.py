@@ -68,7 +68,7 @@ torch.serialization.add_safe_globals(
 class _Zoom(NamedTuple):
     """optax's ``ZoomLinesearchState``, less what stays fixed (params, updates)."""
 
-    count: Tensor
+    count: Tensor  # type: ignore[assignment]  # optax's name, which shadows tuple.count
     stepsize_guess: Tensor
     stepsize: Tensor
     value: Tensor
@@ -345,7 +345,7 @@ def scale_by_zoom_linesearch(
         raise ValueError(
             f"{who}: initial_guess_strategy must be 'one' or 'keep', got {initial_guess_strategy!r}"
         )
-    hp = dict(
+    hp: dict[str, Any] = dict(
         max_linesearch_steps=max_linesearch_steps, max_learning_rate=max_learning_rate, tol=tol,
         increase_factor=increase_factor, slope_rtol=slope_rtol, curv_rtol=curv_rtol,
         approx_dec_rtol=approx_dec_rtol, stepsize_precision=stepsize_precision,
