@@ -321,10 +321,12 @@ def test_compiled_step_equals_eager(kind):
 
 
 @pytest.mark.parametrize("kind", MAKERS)
-def test_states_pickle_under_public_names(kind, tmp_path):
-    _, state = _steps(MAKERS[kind](), start(), lambda p: quadratic(p, torch), n=2)
-    blob = pickle.dumps(state)
-    assert b"_src" not in blob and b"funcopt" in blob
+def test_transformations_and_states_pickle_under_public_names(kind, tmp_path):
+    tx = MAKERS[kind]()
+    _, state = _steps(tx, start(), lambda p: quadratic(p, torch), n=2)
+    for obj in (tx, state):
+        blob = pickle.dumps(obj)
+        assert b"_src" not in blob and b"funcopt" in blob
     torch.save(state, tmp_path / "s.pt")
     loaded = torch.load(tmp_path / "s.pt", weights_only=True)
     for a, b in zip(optree.tree_leaves(loaded), optree.tree_leaves(state)):

@@ -206,7 +206,7 @@ def _backtracking_update(
     check_params(who, params)
     fn = objective(who, value, grad, value_fn, extra_args)
     dtype, device = state.learning_rate.dtype, state.learning_rate.device
-    value = loss_of(lambda _: value, params, dtype, device)
+    value = scalar(value, dtype, device).reshape(())  # the loss at the params
     slope = real_dot(updates, grad).to(dtype)  # of eta -> f(params + eta * updates) at 0
     max_steps, atol = hp["max_backtracking_steps"], hp["atol"]
 

@@ -270,7 +270,7 @@ def _zoom_update(
     fn = objective(who, value, grad, value_fn, extra_args)
     dtype, device = state.learning_rate.dtype, state.learning_rate.device
     grad = as_grad(grad, params)
-    value = loss_of(lambda _: value, params, dtype, device)
+    value = scalar(value, dtype, device).reshape(())  # the loss at the params
 
     def at(eta: Tensor) -> tuple[Tensor, Any, Tensor]:
         """The loss, its gradient and its slope along the updates at ``params + eta u``."""
