@@ -351,3 +351,21 @@ def test_complex_params_step_as_pairs_of_reals(kind):
     pr, _ = _steps(MAKERS[kind](), {"z": torch.view_as_real(z0).clone(), "w": w0}, fr)
     torch.testing.assert_close(torch.view_as_real(pc["z"]), pr["z"], rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(pc["w"], pr["w"], rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("kind", ["backtracking", "zoom"])
+def test_grad_through_the_search(kind):
+    """torch.func.grad of the loss after two steps with respect to the starting point
+    equals central differences (the search's unused interpolations stay finite)."""
+
+    def final(x: Any) -> Any:
+        f = lambda q: rosenbrock(q, torch)  # noqa: E731
+        return f(_steps(MAKERS[kind](), {**start(), "x": x}, f, n=2)[0])
+
+    x = start()["x"]
+    g = torch.func.grad(final)(x)
+    eps = 1e-6
+    numeric = torch.stack(
+        [(final(x + eps * e) - final(x - eps * e)) / (2 * eps) for e in torch.eye(3, dtype=x.dtype)]
+    )
+    torch.testing.assert_close(g, numeric, rtol=1e-5, atol=1e-6)

@@ -92,7 +92,8 @@ def _lbfgs_update(
     diff_params = optree.tree_map(lambda p, q: torch.where(first, 0.0, p - q), params, state.params)
     diff_updates = optree.tree_map(lambda u, v: torch.where(first, 0.0, u - v), updates, state.updates)
     inner = real_dot(diff_updates, diff_params).to(weights_dtype)
-    weight = torch.where(first | (inner == 0.0), 0.0, 1.0 / inner)
+    no_weight = first | (inner == 0.0)
+    weight = torch.where(no_weight, 0.0, 1.0 / torch.where(no_weight, 1.0, inner))  # (safe under grad)
     put = lambda mem, new: mem.index_copy(0, prev_idx, new.unsqueeze(0).to(mem.dtype))  # noqa: E731
     dw_memory = optree.tree_map(put, state.diff_params_memory, diff_params)
     du_memory = optree.tree_map(put, state.diff_updates_memory, diff_updates)
@@ -100,7 +101,8 @@ def _lbfgs_update(
     # 2. the scale of the initial inverse Hessian
     if scale_init_precond:
         denominator = sq_norm(diff_updates).to(weights_dtype)
-        scale = torch.where(denominator > 0.0, inner / denominator, 1.0)
+        positive = denominator > 0.0
+        scale = torch.where(positive, inner / torch.where(positive, denominator, 1.0), 1.0)
         capped_inv_norm = torch.clamp_max(1.0 / norm(optree.tree_map(torch.detach, updates)), 1.0)
         scale = torch.where(first, capped_inv_norm.to(weights_dtype), scale)
     else:

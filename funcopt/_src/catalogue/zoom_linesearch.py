@@ -97,21 +97,30 @@ class _Zoom(NamedTuple):
 
 def _cubicmin(a: Tensor, fa: Tensor, fpa: Tensor, b: Tensor, fb: Tensor, c: Tensor, fc: Tensor) -> Tensor:
     """The critical point of the cubic through (a, fa), (b, fb), (c, fc) with slope fpa
-    at a (nan where there is none: then unused), as optax's (from scipy)."""
+    at a, as optax's (from scipy); nan where there is none, and then unused. The
+    divisions and the root see safe values there, so that a derivative through the
+    search (``torch.func.grad``) is not nan."""
     db, dc = b - a, c - a
     denom = (db * dc) ** 2 * (db - dc)
+    ok = denom != 0.0
+    denom = torch.where(ok, denom, 1.0)
     rb, rc = fb - fa - fpa * db, fc - fa - fpa * dc
     big_a = (dc**2 * rb + -(db**2) * rc) / denom
     big_b = (-(dc**3) * rb + db**3 * rc) / denom
     radical = big_b * big_b - 3.0 * big_a * fpa
-    return a + (-big_b + torch.sqrt(radical)) / (3.0 * big_a)
+    ok = ok & (radical >= 0.0) & (big_a != 0.0)
+    root = torch.sqrt(torch.where(ok, radical, 1.0))
+    return torch.where(ok, a + (-big_b + root) / (3.0 * torch.where(ok, big_a, 1.0)), torch.nan)
 
 
 def _quadmin(a: Tensor, fa: Tensor, fpa: Tensor, b: Tensor, fb: Tensor) -> Tensor:
-    """The critical point of the quadratic through (a, fa), (b, fb) with slope fpa at a."""
+    """The critical point of the quadratic through (a, fa), (b, fb) with slope fpa at a
+    (nan where there is none, as in `_cubicmin`)."""
     db = b - a
-    big_b = (fb - fa - fpa * db) / (db**2)
-    return a - fpa / (2.0 * big_b)
+    ok = db != 0.0
+    big_b = (fb - fa - fpa * db) / torch.where(ok, db, 1.0) ** 2
+    ok = ok & (big_b != 0.0)
+    return torch.where(ok, a - fpa / (2.0 * torch.where(ok, big_b, 1.0)), torch.nan)
 
 
 def _errors(hp: dict[str, Any], s: _Zoom, eta: Tensor, value: Tensor, slope: Tensor) -> tuple[Tensor, Tensor]:
