@@ -274,11 +274,6 @@ def test_state_crosses_compile(make):
     import torch._dynamo
 
     skip_if_sparse_only(make)
-    if getattr(make, "factory_name", None) in ("sm3", "scale_by_sm3"):
-        pytest.xfail(
-            "sm3's state holds a list of per-dimension vectors per param, which torch.compile's "
-            "tracing of optree's flatten_up_to reads in another order (a reshape of the wrong vector)"
-        )
     info = _info(make)
     if info is not None and info.step_requires_closure:
         pytest.skip(

@@ -181,9 +181,11 @@ def _sm3_update(
     who = "scale_by_sm3 update"
     _check_state(state, ScaleBySM3State, who)
     (gs, nus), unflatten = flatten_together(updates, state.nu, names=(f"{who}: updates", "state.nu"))
-    treedef = optree.tree_structure(updates, none_is_leaf=True)
-    try:  # a list of per-dimension vectors where the updates have a leaf
-        mu_lists = treedef.flatten_up_to(state.mu)
+    mu_lists: list[Any] = []
+    try:  # a list of per-dimension vectors where the updates have a leaf, in the order of `gs`:
+        # by optree.tree_map, as flatten_together (whose order under torch.compile, a dict's
+        # insertion order, is not that of PyTreeSpec.flatten_up_to, sorted keys)
+        optree.tree_map(lambda _, m: mu_lists.append(m), updates, state.mu, none_is_leaf=True)
     except ValueError as e:
         raise ValueError(f"{who}: state.mu does not have the structure of the updates ({e})") from None
     new_mu: list[Any] = list(mu_lists)  # (a list[Any] call would stop torch.compile)
@@ -195,7 +197,7 @@ def _sm3_update(
         c0: Any = torch.where(c2 != 1.0, 1 - c2, torch.ones_like(c2)) if isinstance(c2, Tensor) else None
         if c0 is None:
             c0 = (1 - c2) if c2 != 1.0 else 1.0
-        dims: list[Tensor] = list(mu_lists[i])  # type: ignore[arg-type]
+        dims: list[Tensor] = list(mu_lists[i])
         v = [m.reshape([1] * k + [g.shape[k]] + [1] * (g.ndim - k - 1)) for k, m in enumerate(dims)]
         accum = c0 * g**2 + c2 * (v[0] if g.ndim < 2 else functools.reduce(torch.minimum, v))
         up = g * torch.where(accum > 0, torch.rsqrt(accum + coef(eps, g)), 0.0)

@@ -103,10 +103,42 @@ def _update_selected(
             f"{who} got a state of type {type(state).__name__}; pass the MaskedState that init returned"
         )
     selected_params = None if params is None else _select(params, flags, who)
+    extra_args = _for_inner(extra_args, params, flags, who)
     # extra_args only when given: an inner update may not take them
     new, inner_state = inner.update(_select(updates, flags, who), state.inner, selected_params, **extra_args)
     merged = optree.tree_map(lambda f, u, n: n if f else u, flags, updates, new, none_is_leaf=True)
     return merged, MaskedState(inner_state)
+
+
+# The extra arguments that are functions of the params: sam's grad_fn(params, i) -> grads,
+# sophia's obj_fn(params), the line searches' and lbfgs's value_fn(params, **data).
+_FUNCTIONS_OF_PARAMS = ("grad_fn", "obj_fn", "value_fn")
+
+
+def _for_inner(extra_args: dict[str, Any], params: Params | None, flags: Any, who: str) -> dict[str, Any]:
+    """The extra arguments as the inner transformation sees them: it passes its params,
+    `MaskedNode()` outside the mask, to a function of the params, which gets them whole
+    (those outside the mask at their values, held fixed); grad_fn's gradients, and a
+    ``grad=`` tree (the line searches'), come to it selected."""
+    if params is None or not extra_args:
+        return extra_args
+    out = dict(extra_args)
+    for name in _FUNCTIONS_OF_PARAMS:
+        if callable(out.get(name)):
+            out[name] = _on_whole_params(out[name], params, flags, who, select=name == "grad_fn")
+    if out.get("grad") is not None:
+        out["grad"] = _select(out["grad"], flags, who)
+    return out
+
+
+def _on_whole_params(fn: Callable[..., Any], params: Params, flags: Any, who: str, select: bool) -> Any:
+    @functools.wraps(fn)  # (its signature too: a line search reads which data it takes)
+    def whole(selected: Any, *args: Any, **kwargs: Any) -> Any:
+        full = optree.tree_map(lambda f, p, s: s if f else p, flags, params, selected, none_is_leaf=True)
+        out = fn(full, *args, **kwargs)
+        return _select(out, flags, who) if select else out
+
+    return whole
 
 
 def masked(inner: GradientTransformation, mask: Mask) -> GradientTransformation:
@@ -119,7 +151,9 @@ def masked(inner: GradientTransformation, mask: Mask) -> GradientTransformation:
     params on the updates. The inner transformation sees `MaskedNode()` in place of
     what is outside the mask, so its state holds nothing there (and no None, which
     ``torch.func.vmap`` refuses). ``update(..., **extra_args)`` passes extra arguments on
-    to `inner`.
+    to `inner`; a function of the params among them (sam's ``grad_fn``, sophia's
+    ``obj_fn``, a line search's ``value_fn``) gets the whole params, those outside the
+    mask held at their values, and ``grad_fn``'s gradients go to `inner` masked.
 
     Example:
         >>> import torch, funcopt as fo
