@@ -38,12 +38,14 @@ __all__ = [
     "ScaleByAdanState",
     "ScaleByAmsgradState",
     "ScaleByBeliefState",
+    "ScaleByLionState",
     "ScaleByNovogradState",
     "ScaleByOptimisticGradientState",
     "scale_by_adamax",
     "scale_by_adan",
     "scale_by_amsgrad",
     "scale_by_belief",
+    "scale_by_lion",
     "scale_by_novograd",
     "scale_by_optimistic_gradient",
     "scale_by_radam",
@@ -121,6 +123,76 @@ def scale_by_belief(
     """
     return GradientTransformation(
         _belief_init, functools.partial(_belief_update, b1, b2, eps, eps_root, nesterov)
+    )
+
+
+# ---------------------------------------------------------------- Lion
+
+
+class ScaleByLionState(NamedTuple):
+    """The step count and Lion's momentum, like the params (optax's ``ScaleByLionState``)."""
+
+    count: Tensor  # type: ignore[assignment]  # optax's name, which shadows tuple.count
+    mu: Params
+
+
+_LION_MODES = ("hard", "smooth", "refined")
+
+
+def _lion_init(mu_dtype: torch.dtype | None, params: Params) -> ScaleByLionState:
+    return ScaleByLionState(_count(params), zeros(params, mu_dtype))
+
+
+def _lion_update(
+    b1: Scalar, b2: Scalar, mu_dtype: torch.dtype | None, mode: str, smooth_beta: float,
+    updates: Updates, state: State, params: Params | None = None, **extra_args: Any,
+) -> tuple[Updates, State]:  # fmt: skip
+    who = "scale_by_lion update"
+    _check_state(state, ScaleByLionState, who)
+
+    def one(g: Tensor, m0: Tensor) -> tuple[Tensor, ...]:
+        c1 = coef(b1, g)
+        x = (1 - c1) * g + c1 * m0
+        if mode == "hard":
+            out = torch.sign(x)
+        elif mode == "smooth":
+            out = torch.tanh(smooth_beta * x)
+        else:  # refined: linear near 0, the sign beyond 1
+            out = torch.where(x.abs() < 1.0, x, torch.sign(x))
+        mu = _ema(g, m0, coef(b2, g))
+        return out, mu if mu_dtype is None else mu.to(mu_dtype)
+
+    out, mu = leafwise(who, one, updates, state.mu, n_out=2)
+    return out, ScaleByLionState(_increment(state.count), mu)
+
+
+@accepts_schedules
+def scale_by_lion(
+    b1: Scalar = 0.9,
+    b2: Scalar = 0.99,
+    mu_dtype: torch.dtype | None = None,
+    *,
+    mode: str = "hard",
+    smooth_beta: float = 1.0,
+) -> GradientTransformation:
+    """Lion's scaling (Chen et al. 2023; optax's ``scale_by_lion``): the sign of
+    ``(1 - b1) * g + b1 * mu``, then ``mu`` moves to ``g`` at rate ``1 - b2``. `mode`
+    "smooth" takes ``tanh(smooth_beta * x)`` for the sign, "refined" keeps ``x`` where
+    ``|x| < 1``. Chain it with `add_decayed_weights` and `scale_by_learning_rate` for
+    Lion (`fo.lion` is that chain's math as one algorithm).
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> tx = fo.scale_by_lion()
+        >>> g = [torch.tensor([0.5, -2.0])]
+        >>> tx.update(g, tx.init(g))[0]
+        [tensor([ 1., -1.])]
+    """
+    if mode not in _LION_MODES:
+        raise ValueError(f"scale_by_lion: unknown mode {mode!r}; pass one of {', '.join(_LION_MODES)}")
+    return GradientTransformation(
+        functools.partial(_lion_init, mu_dtype),
+        functools.partial(_lion_update, b1, b2, mu_dtype, mode, smooth_beta),
     )
 
 
