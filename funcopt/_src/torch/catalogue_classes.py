@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ..catalogue.adaptive import dadapt_adamw, momo, prodigy
+from ..catalogue.adaptive import momo
 from ..catalogue.aliases import adabelief, adan, lamb, lars, nadamw, novograd, polyak_sgd, signum, sm3, yogi
 from ..catalogue.contrib import ademamix, adopt, madgrad
 from ..core.base import GradientTransformation
@@ -21,7 +21,6 @@ __all__ = [
     "AdaBelief",
     "Adan",
     "Adopt",
-    "DAdaptAdamW",
     "Lamb",
     "Lars",
     "MADGRAD",
@@ -29,7 +28,6 @@ __all__ = [
     "NAdamW",
     "NovoGrad",
     "PolyakSGD",
-    "Prodigy",
     "SM3",
     "Signum",
     "Yogi",
@@ -296,88 +294,6 @@ class AdEMAMix(Optimizer):
         super().__init__(
             params, _ademamix, lr=lr, betas=tuple(betas), alpha=alpha, eps=eps, weight_decay=weight_decay
         )
-
-
-def _prodigy(
-    lr: Any, betas: Any, beta3: Any, eps: Any, weight_decay: Any, use_bias_correction: bool, safeguard_warmup: bool,
-    d0: Any, d_coef: Any,
-) -> GradientTransformation:  # fmt: skip
-    return prodigy(
-        lr, betas=(betas[0], betas[1]), beta3=beta3, eps=eps, estim_lr0=d0, estim_lr_coef=d_coef,
-        weight_decay=weight_decay, safeguard_warmup=safeguard_warmup, bias_correction=use_bias_correction,
-    )  # fmt: skip
-
-
-class Prodigy(Optimizer):
-    """Prodigy (Mishchenko and Defazio 2023) with the constructor of the authors'
-    ``prodigyopt.Prodigy`` (its ``decouple=True``; no ``growth_rate``, ``slice_p`` or
-    ``fsdp_in_use``): for one param group it steps as ``prodigyopt`` to float64
-    round-off. With several groups ``prodigyopt`` estimates one step size for all of
-    them, this class one per group (each group steps on its own, as in `fo.Optimizer`).
-    With ``use_bias_correction=True`` it is optax's ``prodigy``.
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> opt = fo.Prodigy(torch.nn.Linear(2, 1).parameters())
-    """
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float = 1.0,
-        betas: tuple[float, float] = (0.9, 0.999),
-        beta3: float | None = None,
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        use_bias_correction: bool = False,
-        safeguard_warmup: bool = False,
-        d0: float = 1e-6,
-        d_coef: float = 1.0,
-    ) -> None:
-        _check(lr, eps, weight_decay, betas)
-        super().__init__(
-            params, _prodigy, lr=lr, betas=tuple(betas), beta3=beta3, eps=eps, weight_decay=weight_decay,
-            use_bias_correction=use_bias_correction, safeguard_warmup=safeguard_warmup, d0=d0, d_coef=d_coef,
-        )  # fmt: skip
-
-
-def _dadapt(
-    lr: Any, betas: Any, eps: Any, weight_decay: Any, use_bias_correction: bool, d0: Any
-) -> GradientTransformation:
-    return dadapt_adamw(
-        lr, betas=(betas[0], betas[1]), eps=eps, estim_lr0=d0, weight_decay=weight_decay,
-        bias_correction=use_bias_correction,
-    )  # fmt: skip
-
-
-class DAdaptAdamW(Optimizer):
-    """D-Adaptation AdamW (Defazio and Mishchenko 2023) with the constructor of the
-    authors' ``dadaptation.DAdaptAdam(decouple=True)`` (no ``growth_rate``,
-    ``log_every`` or ``fsdp_in_use``): for one param group it steps as ``dadaptation``
-    to float64 round-off. With several groups ``dadaptation`` estimates one step size
-    for all, this class one per group. With ``use_bias_correction=True`` it is optax's
-    ``dadapt_adamw``.
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> opt = fo.DAdaptAdamW(torch.nn.Linear(2, 1).parameters())
-    """
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float = 1.0,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        use_bias_correction: bool = False,
-        d0: float = 1e-6,
-    ) -> None:
-        _check(lr, eps, weight_decay, betas)
-        super().__init__(
-            params, _dadapt, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-            use_bias_correction=use_bias_correction, d0=d0,
-        )  # fmt: skip
 
 
 def _madgrad(lr: Any, momentum: Any, weight_decay: Any, eps: Any) -> GradientTransformation:
