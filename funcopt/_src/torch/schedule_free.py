@@ -27,6 +27,8 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
+from ..transforms.schedule_free_math import FOREACH, averaging, interpolate
+
 __all__ = ["AdamWScheduleFree", "RAdamScheduleFree", "SGDScheduleFree"]
 
 
@@ -102,10 +104,9 @@ class _ScheduleFree(torch.optim.Optimizer):
     def _step_group(self, group: dict[str, Any]) -> None:
         k = group["k"]
         lr = group["scheduled_lr"] = self._lr(group, k + 1)
-        lr_max = group["lr_max"] = max(lr, group["lr_max"])
-        weight = (k + 1) ** group["r"] * lr_max ** group["weight_lr_power"]
-        weight_sum = group["weight_sum"] = group["weight_sum"] + weight
-        ckp1 = weight / weight_sum if weight_sum != 0 else 0.0  # 0 / 0 (lr 0 so far): no averaging yet
+        ckp1, group["lr_max"], group["weight_sum"] = averaging(
+            k + 1, lr, group["lr_max"], group["weight_sum"], group["r"], group["weight_lr_power"]
+        )
         active = [p for p in group["params"] if p.grad is not None]
         for p in active:
             if p.grad.is_sparse:
@@ -116,11 +117,12 @@ class _ScheduleFree(torch.optim.Optimizer):
         for params in [active] if group["foreach"] and active else [[p] for p in active]:
             d = self._direction(group, params, k + 1)
             if group["weight_decay"] != 0:  # at y
-                d = list(torch._foreach_add(d, params, alpha=group["weight_decay"]))
+                if d[0] is params[0].grad:  # the gradients themselves: left as they are
+                    d = list(torch._foreach_add(d, params, alpha=group["weight_decay"]))
+                else:  # the step's own tensors
+                    torch._foreach_add_(d, params, alpha=group["weight_decay"])
             z = [self.state[p]["z"] for p in params]
-            torch._foreach_lerp_(params, z, weight=ckp1)
-            torch._foreach_add_(params, d, alpha=lr * (self._b1(group) * (1 - ckp1) - 1))
-            torch._foreach_sub_(z, d, alpha=lr)
+            interpolate(FOREACH, params, params, z, d, lr, ckp1, self._b1(group))
         group["k"] = k + 1
 
 
