@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..catalogue.adaptive import momo
-from ..catalogue.aliases import adabelief, adan, lamb, lars, nadamw, novograd, polyak_sgd, signum, sm3, yogi
+from ..catalogue.aliases import adabelief, lars, nadamw, novograd, polyak_sgd, signum, sm3, yogi
 from ..catalogue.contrib import ademamix, adopt, madgrad
 from ..core.base import GradientTransformation
 from .adapter import Optimizer
@@ -19,9 +19,7 @@ from .adapter import Optimizer
 __all__ = [
     "AdEMAMix",
     "AdaBelief",
-    "Adan",
     "Adopt",
-    "Lamb",
     "Lars",
     "MADGRAD",
     "Momo",
@@ -54,35 +52,6 @@ def _check(lr: Any = 0.0, eps: Any = 0.0, weight_decay: Any = 0.0, betas: tuple[
 
 # module-level factories, so that the optimizers pickle; fo.Optimizer calls each with the
 # param group's current values at every step (an lr scheduler's lr included)
-
-
-def _lamb(lr: Any, betas: Any, eps: Any, weight_decay: Any) -> GradientTransformation:
-    return lamb(lr, b1=betas[0], b2=betas[1], eps=eps, weight_decay=weight_decay)
-
-
-class Lamb(Optimizer):
-    """LAMB (You et al. 2020) as `fo.lamb`: Adam, decoupled weight decay, then the
-    layer-wise trust ratio (optax's math; timm's ``Lamb``, which clips the gradients'
-    global norm by default, was not compared: timm needs torchvision).
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> model = torch.nn.Linear(2, 1)
-        >>> opt = fo.Lamb(model.parameters(), lr=1e-3, weight_decay=0.01)
-        >>> model(torch.ones(1, 2)).sum().backward()
-        >>> opt.step()
-    """
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-6,
-        weight_decay: float = 0.0,
-    ) -> None:
-        _check(lr, eps, weight_decay, betas)
-        super().__init__(params, _lamb, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
 
 
 def _lars(
@@ -122,37 +91,6 @@ class Lars(Optimizer):
             params, _lars, lr=lr, momentum=momentum, weight_decay=weight_decay,
             trust_coefficient=trust_coefficient, eps=eps, nesterov=nesterov,
         )  # fmt: skip
-
-
-def _adan(lr: Any, betas: Any, eps: Any, weight_decay: Any, eps_root: Any) -> GradientTransformation:
-    return adan(
-        lr, b1=betas[0], b2=betas[1], b3=betas[2], eps=eps, eps_root=eps_root, weight_decay=weight_decay
-    )
-
-
-class Adan(Optimizer):
-    """Adan (Xie et al. 2022) as `fo.adan`, ``betas=(b1, b2, b3)`` as optax's decay
-    rates (the paper writes ``1 - beta``: its ``(0.02, 0.08, 0.01)`` is this default).
-    optax's math; timm's ``Adan`` was not compared.
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> opt = fo.Adan(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
-    """
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float = 1e-3,
-        betas: tuple[float, float, float] = (0.98, 0.92, 0.99),
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        eps_root: float = 1e-8,
-    ) -> None:
-        _check(lr, eps, weight_decay, betas)
-        super().__init__(
-            params, _adan, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, eps_root=eps_root
-        )
 
 
 def _adabelief(lr: Any, betas: Any, eps: Any, eps_root: Any) -> GradientTransformation:

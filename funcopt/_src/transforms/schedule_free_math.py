@@ -66,7 +66,9 @@ FOREACH = _ForEach()
 PURE = _Pure()
 
 
-def interpolate(o: Any, out: Any, y: Any, z: Any, direction: Any, lr: Coef, c: Coef, b1: Coef) -> tuple[Any, Any]:
+def interpolate(
+    o: Any, out: Any, y: Any, z: Any, direction: Any, lr: Coef, c: Coef, b1: Coef
+) -> tuple[Any, Any]:
     """The schedule-free step of the params ``y`` (into `out`) and of ``z``, the base
     iterate, along `direction` ``d``, with the average ``x`` not formed:
 

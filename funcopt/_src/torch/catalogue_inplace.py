@@ -1,0 +1,66 @@
+"""The drop-in classes `Lamb` and `Adan`, on the engine's in-place path: each is
+`fo.Optimizer` running its `Algorithm` (``algorithms/lamb_adan.py``: optax's math per
+tensor) in place, with foreach lists for Adan (per element) and one param at a time for
+Lamb (its trust ratio reads each param's norm). The functional forms are optax's chains
+(`fo.lamb`, `fo.adan`), equal to these classes to round-off."""
+
+from __future__ import annotations
+
+from torch.optim.optimizer import ParamsT
+
+from ..algorithms.lamb_adan import ADAN, LAMB
+from .adapter import Optimizer
+
+__all__ = ["Adan", "Lamb"]
+
+
+class Lamb(Optimizer):
+    """LAMB (You et al. 2020) as `fo.lamb`: Adam, decoupled weight decay, then the
+    layer-wise trust ratio (optax's math; timm's ``Lamb``, which clips the gradients'
+    global norm by default, was not compared: timm needs torchvision). State keys:
+    ``step``, ``exp_avg``, ``exp_avg_sq``.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> model = torch.nn.Linear(2, 1)
+        >>> opt = fo.Lamb(model.parameters(), lr=1e-3, weight_decay=0.01)
+        >>> model(torch.ones(1, 2)).sum().backward()
+        >>> opt.step()
+    """
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__(
+            params, LAMB, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, eps_root=0.0
+        )
+
+
+class Adan(Optimizer):
+    """Adan (Xie et al. 2022) as `fo.adan`, ``betas=(b1, b2, b3)`` as optax's decay
+    rates (the paper writes ``1 - beta``: its ``(0.02, 0.08, 0.01)`` is this default).
+    optax's math; timm's ``Adan`` was not compared. State keys: ``step``, ``exp_avg``,
+    ``exp_avg_diff``, ``exp_avg_sq``, ``prev_grad``.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> opt = fo.Adan(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
+    """
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float, float] = (0.98, 0.92, 0.99),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        eps_root: float = 1e-8,
+    ) -> None:
+        super().__init__(
+            params, ADAN, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, eps_root=eps_root
+        )
