@@ -91,8 +91,8 @@ def _dadapt_update(
     check_params(who, params)
     count = _increment(state.count)
     lists, put_back = _present(who, updates, params, state.exp_avg, state.exp_avg_sq, state.grad_sum)
-    out, buffers, (estim_lr, numerator) = dadapt_step(
-        PURE, None, *lists, state.estim_lr, state.numerator_weighted, _wide(count),
+    [(out, *buffers)], (estim_lr, numerator) = dadapt_step(
+        PURE, [(None, *lists)], state.estim_lr, state.numerator_weighted, _wide(count),
         lr=_at(learning_rate, state.count), betas=(betas[0], betas[1]), eps=eps, weight_decay=weight_decay,
         bias_correction=bias_correction,
     )  # fmt: skip
@@ -205,8 +205,8 @@ def _prodigy_update(
     lists, put_back = _present(
         who, updates, params, state.exp_avg, state.exp_avg_sq, state.grad_sum, state.params0
     )
-    out, buffers, (estim_lr, numerator) = prodigy_step(
-        PURE, None, *lists, state.estim_lr, state.numerator_weighted, _wide(count),
+    [(out, *buffers)], (estim_lr, numerator) = prodigy_step(
+        PURE, [(None, *lists)], state.estim_lr, state.numerator_weighted, _wide(count),
         lr=_at(learning_rate, state.count), betas=(betas[0], betas[1]), beta3=beta3, eps=eps, d0=estim_lr0,
         d_coef=estim_lr_coef, weight_decay=weight_decay, safeguard_warmup=safeguard_warmup,
         bias_correction=bias_correction,

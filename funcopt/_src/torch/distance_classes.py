@@ -26,6 +26,28 @@ from .catalogue_classes import _check
 __all__ = ["DAdaptAdamW", "Prodigy"]
 
 _SCALARS = ("estim_lr", "numerator_weighted", "count")
+PART = 1 << 16
+"""The most elements of a part of a group that the foreach ops step at once (a larger param
+steps alone): a large model's temporaries are then reused from step to step, where
+whole-group lists would map them anew from the OS (page faults: 2.5x prodigyopt's step
+on 24M float32 elements, on CPU)."""
+
+
+def _parts(lists: list[list[Tensor]]) -> list[tuple[list[Tensor], ...]]:
+    """``(out, params, grads, *buffers)`` for each part of the group's lists (``out`` is
+    the params: the step is in place)."""
+    bounds, start, size = [], 0, 0
+    for i, p in enumerate(lists[0]):
+        if size and size + p.numel() > PART:
+            bounds.append((start, i))
+            start, size = i, 0
+        size += p.numel()
+    bounds.append((start, len(lists[0])))
+    parts = []
+    for a, b in bounds:
+        ps = lists[0][a:b]
+        parts.append((ps, ps, *(column[a:b] for column in lists[1:])))
+    return parts
 
 
 def _real(t: Tensor) -> Tensor:
@@ -63,7 +85,7 @@ class _Distance(torch.optim.Optimizer):
         return group["estim_lr"], group["numerator_weighted"], group["count"]
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One step of each param group; `closure` (optional) recomputes the loss,
         which is returned."""
         loss = None
@@ -80,7 +102,7 @@ class _Distance(torch.optim.Optimizer):
                 if not self.state[p]:
                     self.state[p].update(self._new_buffers(p))
             estim_lr, numerator, count = self._scalars(group)
-            lists = [[_real(p) for p in ps], [_real(p.grad) for p in ps]]  # type: ignore[union-attr]
+            lists = [[_real(p) for p in ps], [_real(p.grad) for p in ps]]
             lists += [[_real(self.state[p][k]) for p in ps] for k in self.buffers]
             d, numerator = self._math(group, lists, (estim_lr, numerator, count + 1))
             group.update(estim_lr=d, numerator_weighted=numerator, count=count + 1)
@@ -127,9 +149,8 @@ class Prodigy(_Distance):
         return {**super()._new_buffers(p), "params0": p.detach().clone(memory_format=torch.preserve_format)}
 
     def _math(self, group: dict[str, Any], lists: list[list[Tensor]], scalars: tuple[Any, ...]) -> Any:
-        ps = lists[0]
-        _, _, new = prodigy_step(
-            IN_PLACE, ps, *lists, *scalars, lr=float(group["lr"]), betas=group["betas"], beta3=group["beta3"],
+        _, new = prodigy_step(
+            IN_PLACE, _parts(lists), *scalars, lr=float(group["lr"]), betas=group["betas"], beta3=group["beta3"],
             eps=group["eps"], d0=group["d0"], d_coef=group["d_coef"], weight_decay=group["weight_decay"],
             safeguard_warmup=group["safeguard_warmup"], bias_correction=group["use_bias_correction"],
         )  # fmt: skip
@@ -169,9 +190,8 @@ class DAdaptAdamW(_Distance):
         super().__init__(params, defaults)
 
     def _math(self, group: dict[str, Any], lists: list[list[Tensor]], scalars: tuple[Any, ...]) -> Any:
-        ps = lists[0]
-        _, _, new = dadapt_step(
-            IN_PLACE, ps, *lists, *scalars, lr=float(group["lr"]), betas=group["betas"], eps=group["eps"],
+        _, new = dadapt_step(
+            IN_PLACE, _parts(lists), *scalars, lr=float(group["lr"]), betas=group["betas"], eps=group["eps"],
             weight_decay=group["weight_decay"], bias_correction=group["use_bias_correction"],
         )  # fmt: skip
         return new

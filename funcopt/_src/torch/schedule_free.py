@@ -28,6 +28,7 @@ from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
 from ..transforms.schedule_free_math import FOREACH, averaging, interpolate
+from .distance_classes import _parts as _split
 
 __all__ = ["AdamWScheduleFree", "RAdamScheduleFree", "SGDScheduleFree"]
 
@@ -113,8 +114,8 @@ class _ScheduleFree(torch.optim.Optimizer):
                 raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
             if "z" not in self.state[p]:
                 self.state[p].update(self._init_state(p))
-        # foreach: all params in one list; else one at a time (less memory at the peak)
-        for params in [active] if group["foreach"] and active else [[p] for p in active]:
+        # foreach: params in parts of bounded size; else one at a time
+        for params in _parts(active) if group["foreach"] else [[p] for p in active]:
             d = self._direction(group, params, k + 1)
             if group["weight_decay"] != 0:  # at y
                 if d[0] is params[0].grad:  # the gradients themselves: left as they are
@@ -124,6 +125,12 @@ class _ScheduleFree(torch.optim.Optimizer):
             z = [self.state[p]["z"] for p in params]
             interpolate(FOREACH, params, params, z, d, lr, ckp1, self._b1(group))
         group["k"] = k + 1
+
+
+def _parts(params: list[Tensor]) -> list[list[Tensor]]:
+    """`params` in parts of bounded size (see distance_classes.PART): a step's temporaries
+    are then reused, not mapped anew from the OS each step."""
+    return [list(part[0]) for part in _split([params])] if params else []
 
 
 class SGDScheduleFree(_ScheduleFree):
