@@ -91,7 +91,19 @@ def _old_dadapt(lr, betas, eps, weight_decay, use_bias_correction, d0):
     )  # fmt: skip
 
 
+def _old_lamb(lr, betas, eps, weight_decay):
+    return fo.lamb(lr, b1=betas[0], b2=betas[1], eps=eps, weight_decay=weight_decay)
+
+
+def _old_adan(lr, betas, eps, weight_decay, eps_root):
+    return fo.adan(
+        lr, b1=betas[0], b2=betas[1], b3=betas[2], eps=eps, eps_root=eps_root, weight_decay=weight_decay
+    )
+
+
 OLD = {
+    "Lamb": (_old_lamb, dict(lr=0.01, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.1)),
+    "Adan": (_old_adan, dict(lr=0.01, betas=(0.98, 0.92, 0.99), eps=1e-8, weight_decay=0.1, eps_root=1e-8)),
     "Prodigy": (_old_prodigy, dict(lr=1.0, betas=(0.9, 0.999), beta3=None, eps=1e-8, weight_decay=0.1,
                                    use_bias_correction=False, safeguard_warmup=False, d0=1e-6, d_coef=1.0)),
     "DAdaptAdamW": (_old_dadapt, dict(lr=1.0, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1,
@@ -101,20 +113,21 @@ OLD = {
 
 @pytest.mark.parametrize("name", sorted(OLD))
 def test_an_earlier_state_dict_loads(name):
-    """The fo.Optimizer-based class kept the estimate, its numerator and the count in
-    each param's state: such a state_dict resumes in today's class, which then steps as
+    """The fo.Optimizer-based classes kept their transformation's state under its keys
+    (Prodigy's estimate, its numerator and the count in each param's state; Lamb's chain
+    under '0.mu', ...): such a state_dict resumes in today's class, which then steps as
     the earlier one goes on."""
     factory, defaults = OLD[name]
     old_ps = params()
     old = fo.Optimizer(old_ps, factory, **defaults)
     run(old, old_ps, range(4))
     saved = copy.deepcopy(old.state_dict())
-    assert "estim_lr" in saved["state"][0]
+    old_keys = set(saved["state"][0])
     new_ps = [torch.nn.Parameter(p.detach().clone()) for p in old_ps]
-    new = getattr(fo, name)(new_ps, weight_decay=0.1)
+    new = getattr(fo, name)(new_ps, **{k: v for k, v in defaults.items() if k in ("lr", "weight_decay")})
     new.load_state_dict(saved)
     run(old, old_ps, range(4, 8))
     run(new, new_ps, range(4, 8))
     for a, b in zip(new_ps, old_ps):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)
-    assert "estim_lr" not in new.state[new_ps[0]] and new.param_groups[0]["count"] == 8
+    assert not old_keys & set(new.state[new_ps[0]]) - {"exp_avg", "exp_avg_sq", "grad_sum", "params0"}

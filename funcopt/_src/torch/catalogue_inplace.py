@@ -6,6 +6,9 @@ Lamb (its trust ratio reads each param's norm). The functional forms are optax's
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
 from torch.optim.optimizer import ParamsT
 
 from ..algorithms.lamb_adan import ADAN, LAMB
@@ -14,7 +17,29 @@ from .adapter import Optimizer
 __all__ = ["Adan", "Lamb"]
 
 
-class Lamb(Optimizer):
+class _RenamesOldKeys(Optimizer):
+    """Loads a state_dict of the earlier class too: `fo.Optimizer` over optax's chain,
+    whose state keys were the chain's (``'0.mu'``); the step count becomes torch's float
+    ``step``."""
+
+    old_keys: dict[str, str] = {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        states = state_dict.get("state", {})
+        if any(key in self.old_keys for state in states.values() for key in state):
+            states = {i: self._renamed(state) for i, state in states.items()}
+            state_dict = {**state_dict, "state": states}
+        super().load_state_dict(state_dict)
+
+    def _renamed(self, state: dict[str, Any]) -> dict[str, Any]:
+        new = {}
+        for key, value in state.items():
+            name = self.old_keys.get(key, key)
+            new[name] = value.to(torch.float32) if name == "step" else value
+        return new
+
+
+class Lamb(_RenamesOldKeys):
     """LAMB (You et al. 2020) as `fo.lamb`: Adam, decoupled weight decay, then the
     layer-wise trust ratio (optax's math; timm's ``Lamb``, which clips the gradients'
     global norm by default, was not compared: timm needs torchvision). State keys:
@@ -27,6 +52,8 @@ class Lamb(Optimizer):
         >>> model(torch.ones(1, 2)).sum().backward()
         >>> opt.step()
     """
+
+    old_keys = {"0.count": "step", "0.mu": "exp_avg", "0.nu": "exp_avg_sq"}
 
     def __init__(
         self,
@@ -41,7 +68,7 @@ class Lamb(Optimizer):
         )
 
 
-class Adan(Optimizer):
+class Adan(_RenamesOldKeys):
     """Adan (Xie et al. 2022) as `fo.adan`, ``betas=(b1, b2, b3)`` as optax's decay
     rates (the paper writes ``1 - beta``: its ``(0.02, 0.08, 0.01)`` is this default).
     optax's math; timm's ``Adan`` was not compared. State keys: ``step``, ``exp_avg``,
@@ -51,6 +78,14 @@ class Adan(Optimizer):
         >>> import torch, funcopt as fo
         >>> opt = fo.Adan(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
     """
+
+    old_keys = {
+        "0.t": "step",
+        "0.m": "exp_avg",
+        "0.v": "exp_avg_diff",
+        "0.n": "exp_avg_sq",
+        "0.g": "prev_grad",
+    }
 
     def __init__(
         self,
