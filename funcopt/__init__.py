@@ -99,7 +99,7 @@ from ._src.torch.schedule_free import AdamWScheduleFree, RAdamScheduleFree, SGDS
 
 # isort: split
 # --- issue 64 speed: in-place drop-in classes of the catalogue
-from ._src.torch.catalogue_inplace import Adan, Lamb
+from ._src.torch.catalogue_inplace import AdaBelief, Adan, Lamb
 from ._src.torch.distance_classes import DAdaptAdamW, Prodigy
 
 __version__ = "0.1.0"
@@ -192,6 +192,7 @@ __all__ = [
     "RAdamScheduleFree",
     "SGDScheduleFree",
     # -- issue 64 speed: in-place drop-in classes of the catalogue --
+    "AdaBelief",
     "Adan",
     "DAdaptAdamW",
     "Lamb",

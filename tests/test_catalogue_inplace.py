@@ -101,7 +101,12 @@ def _old_adan(lr, betas, eps, weight_decay, eps_root):
     )
 
 
+def _old_adabelief(lr, betas, eps, eps_root):
+    return fo.adabelief(lr, b1=betas[0], b2=betas[1], eps=eps, eps_root=eps_root)
+
+
 OLD = {
+    "AdaBelief": (_old_adabelief, dict(lr=0.01, betas=(0.9, 0.999), eps=1e-16, eps_root=1e-16)),
     "Lamb": (_old_lamb, dict(lr=0.01, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.1)),
     "Adan": (_old_adan, dict(lr=0.01, betas=(0.98, 0.92, 0.99), eps=1e-8, weight_decay=0.1, eps_root=1e-8)),
     "Prodigy": (_old_prodigy, dict(lr=1.0, betas=(0.9, 0.999), beta3=None, eps=1e-8, weight_decay=0.1,

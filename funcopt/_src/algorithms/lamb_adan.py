@@ -1,8 +1,9 @@
-"""LAMB and Adan as engine `Algorithm`s, for the in-place drop-in classes ``fo.Lamb`` and
-``fo.Adan``: optax's math (``optax.lamb``, ``optax.adan``) per tensor, to round-off.
+"""LAMB, Adan and AdaBelief as engine `Algorithm`s, for the in-place drop-in classes
+``fo.Lamb``, ``fo.Adan`` and ``fo.AdaBelief``: optax's math (``optax.lamb``,
+``optax.adan``, ``optax.adabelief``) per tensor, to round-off.
 
-The functional forms ``fo.lamb`` and ``fo.adan`` stay optax's chains of public blocks
-(`scale_by_adam`, `scale_by_trust_ratio`, `scale_by_adan`, ...), with optax's state
+The functional forms ``fo.lamb``, ``fo.adan`` and ``fo.adabelief`` stay optax's chains of public blocks
+(`scale_by_adam`, `scale_by_trust_ratio`, `scale_by_adan`, `scale_by_belief`), with optax's state
 trees, as the issue asks of every optax alias; these algorithms are the classes' math
 (and ``LAMB.transform(...)``, ``ADAN.transform(...)`` its functional face), equal to
 those chains to round-off (tests/test_catalogue_classes.py compares them).
@@ -20,15 +21,15 @@ from ..engine.algorithm import Algorithm
 from ..engine.bounds import Bound, Hyperparams
 from ..engine.ops import Coef, Ops, nonzero, power
 
-__all__ = ["ADAN", "LAMB", "AdanState", "LambState"]
+__all__ = ["ADABELIEF", "ADAN", "LAMB", "AdaBeliefState", "AdanState", "LambState"]
 
 
-def _bounds(*betas: int) -> tuple[Bound, ...]:
+def _bounds(*betas: int, weight_decay: bool = True) -> tuple[Bound, ...]:
     """torch's checks, with its messages (the catalogue classes' `_check`)."""
     return (
         Bound("lr", "Invalid learning rate: {}"),
         Bound("eps", "Invalid epsilon value: {}"),
-        Bound("weight_decay", "Invalid weight_decay value: {}"),
+        *([Bound("weight_decay", "Invalid weight_decay value: {}")] if weight_decay else []),
         *(
             Bound("betas", f"Invalid beta parameter at index {i}: {{}}", i, high=1.0, inclusive=False)
             for i in betas
@@ -168,4 +169,47 @@ ADAN = Algorithm(
     elementwise=_adan_math,
     bounds=_bounds(),  # betas is a triple, which the bounds' pairs cannot index: see validate
     validate=_check_betas,
+)
+
+
+# ---------------------------------------------------------------- AdaBelief
+
+
+class AdaBeliefState(NamedTuple):
+    """AdaBelief's per-param state: the step count, the first moment and the second
+    moment of the gradient's deviation from it (timm's keys)."""
+
+    step: Params
+    exp_avg: Params
+    exp_avg_var: Params
+
+
+def _adabelief_initial(**_: Any) -> AdaBeliefState:
+    return AdaBeliefState(step=0.0, exp_avg=0.0, exp_avg_var=0.0)
+
+
+def _adabelief_math(
+    o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_var: Tensor,
+    coefficients: tuple[Coef, Coef, Coef], *, betas: tuple[Coef, Coef], eps: Coef, eps_root: Coef, **_: Any,
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:  # fmt: skip
+    neg_lr, bc1, bc2 = coefficients
+    beta1, beta2 = betas
+    exp_avg = o.lerp_(exp_avg, g, 1 - beta1)
+    deviation = o.sub(g, exp_avg)
+    exp_avg_var = o.addcmul_(o.mul_(exp_avg_var, beta2), deviation, deviation, value=1 - beta2)
+    if nonzero(eps_root):  # optax adds it to the state itself, at each step
+        exp_avg_var = o.add_(exp_avg_var, eps_root)
+    denom = o.add_(o.sqrt_(o.div(exp_avg_var, bc2)), eps)
+    out = o.addcdiv_(out, o.div(exp_avg, bc1), denom, value=neg_lr)
+    return out, (exp_avg, exp_avg_var)
+
+
+ADABELIEF = Algorithm(
+    name="AdaBelief",
+    state=AdaBeliefState,
+    counters=("step",),
+    initial=_adabelief_initial,
+    schedule=_lamb_schedule,  # the same coefficients: -lr and Adam's bias corrections
+    elementwise=_adabelief_math,
+    bounds=_bounds(0, 1, weight_decay=False),
 )

@@ -11,14 +11,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..catalogue.adaptive import momo
-from ..catalogue.aliases import adabelief, lars, nadamw, novograd, polyak_sgd, signum, sm3, yogi
+from ..catalogue.aliases import lars, nadamw, novograd, polyak_sgd, signum, sm3, yogi
 from ..catalogue.contrib import ademamix, adopt, madgrad
 from ..core.base import GradientTransformation
 from .adapter import Optimizer
 
 __all__ = [
     "AdEMAMix",
-    "AdaBelief",
     "Adopt",
     "Lars",
     "MADGRAD",
@@ -91,31 +90,6 @@ class Lars(Optimizer):
             params, _lars, lr=lr, momentum=momentum, weight_decay=weight_decay,
             trust_coefficient=trust_coefficient, eps=eps, nesterov=nesterov,
         )  # fmt: skip
-
-
-def _adabelief(lr: Any, betas: Any, eps: Any, eps_root: Any) -> GradientTransformation:
-    return adabelief(lr, b1=betas[0], b2=betas[1], eps=eps, eps_root=eps_root)
-
-
-class AdaBelief(Optimizer):
-    """AdaBelief (Zhuang et al. 2020) as `fo.adabelief` (optax's math: ``eps_root`` is
-    added to the second moment at each step, ``eps`` to its root).
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> opt = fo.AdaBelief(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
-    """
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-16,
-        eps_root: float = 1e-16,
-    ) -> None:
-        _check(lr, eps, 0.0, betas)
-        super().__init__(params, _adabelief, lr=lr, betas=tuple(betas), eps=eps, eps_root=eps_root)
 
 
 def _yogi(lr: Any, betas: Any, eps: Any) -> GradientTransformation:

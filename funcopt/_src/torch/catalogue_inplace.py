@@ -1,8 +1,8 @@
-"""The drop-in classes `Lamb` and `Adan`, on the engine's in-place path: each is
+"""The drop-in classes `Lamb`, `Adan` and `AdaBelief`, on the engine's in-place path: each is
 `fo.Optimizer` running its `Algorithm` (``algorithms/lamb_adan.py``: optax's math per
-tensor) in place, with foreach lists for Adan (per element) and one param at a time for
+tensor) in place, with foreach lists for Adan and AdaBelief (per element) and one param at a time for
 Lamb (its trust ratio reads each param's norm). The functional forms are optax's chains
-(`fo.lamb`, `fo.adan`), equal to these classes to round-off."""
+(`fo.lamb`, `fo.adan`, `fo.adabelief`), equal to these classes to round-off."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any
 import torch
 from torch.optim.optimizer import ParamsT
 
-from ..algorithms.lamb_adan import ADAN, LAMB
+from ..algorithms.lamb_adan import ADABELIEF, ADAN, LAMB
 from .adapter import Optimizer
 
-__all__ = ["Adan", "Lamb"]
+__all__ = ["AdaBelief", "Adan", "Lamb"]
 
 
 class _RenamesOldKeys(Optimizer):
@@ -99,3 +99,26 @@ class Adan(_RenamesOldKeys):
         super().__init__(
             params, ADAN, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, eps_root=eps_root
         )
+
+
+class AdaBelief(_RenamesOldKeys):
+    """AdaBelief (Zhuang et al. 2020) as `fo.adabelief` (optax's math: ``eps_root`` is
+    added to the second moment at each step, ``eps`` to its root). State keys:
+    ``step``, ``exp_avg``, ``exp_avg_var``.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> opt = fo.AdaBelief(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
+    """
+
+    old_keys = {"0.count": "step", "0.mu": "exp_avg", "0.nu": "exp_avg_var"}
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-16,
+        eps_root: float = 1e-16,
+    ) -> None:
+        super().__init__(params, ADABELIEF, lr=lr, betas=tuple(betas), eps=eps, eps_root=eps_root)
