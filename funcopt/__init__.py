@@ -97,6 +97,11 @@ from ._src.catalogue import *  # noqa: F403
 # schedule-free drop-in classes (the authors' schedulefree package)
 from ._src.torch.schedule_free import AdamWScheduleFree, RAdamScheduleFree, SGDScheduleFree
 
+# isort: split
+# --- issue 64 speed: in-place drop-in classes of the catalogue
+from ._src.torch.catalogue_inplace import AdaBelief, Adan, Lamb
+from ._src.torch.distance_classes import DAdaptAdamW, Prodigy
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -186,6 +191,12 @@ __all__ = [
     "AdamWScheduleFree",
     "RAdamScheduleFree",
     "SGDScheduleFree",
+    # -- issue 64 speed: in-place drop-in classes of the catalogue --
+    "AdaBelief",
+    "Adan",
+    "DAdaptAdamW",
+    "Lamb",
+    "Prodigy",
 ]
 
 

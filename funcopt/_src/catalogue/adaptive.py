@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from ..core.base import GradientTransformation, Params, State, Updates
+from ..core.base import GradientTransformation, Params, State, Updates, a_kind, flatten_together
 from ..transforms.clipping import Scalar
 from ._common import (
     _check_state,
@@ -26,7 +26,6 @@ from ._common import (
     check_params,
     copy,
     device_of,
-    l1,
     leafwise,
     require_value,
     scalar,
@@ -34,6 +33,7 @@ from ._common import (
     vdot,
     zeros,
 )
+from .distance_math import PURE, dadapt_step, prodigy_step
 
 __all__ = [
     "DAdaptAdamWState",
@@ -89,37 +89,50 @@ def _dadapt_update(
     who = "dadapt_adamw update"
     _check_state(state, DAdaptAdamWState, who)
     check_params(who, params)
-    beta1, beta2 = betas
-    sb2 = beta2**0.5
-    sched = _at(learning_rate, state.count)
     count = _increment(state.count)
-    c = _wide(count)
-    bc = ((1 - beta2**c) ** 0.5) / (1 - beta1**c) if bias_correction else 1.0
-    dlr = (state.estim_lr * sched * bc).to(state.numerator_weighted.dtype)
-    s_weighted = leafwise(
-        who, lambda sk, eas: (sk / (torch.sqrt(eas) + eps),), state.grad_sum, state.exp_avg_sq
-    )[0]
-    numerator_acum = vdot(updates, s_weighted)
-
-    def one(g: Tensor, ea0: Tensor, eas0: Tensor, sk0: Tensor) -> tuple[Tensor, ...]:
-        d = dlr.to(g.dtype)
-        ea = beta1 * ea0 + (1 - beta1) * d * g
-        eas = beta2 * eas0 + (1 - beta2) * g * g
-        return ea, eas, sb2 * sk0 + (1 - sb2) * d * g
-
-    _, exp_avg, exp_avg_sq, grad_sum = _with_buffers(
-        who, one, updates, state.exp_avg, state.exp_avg_sq, state.grad_sum
+    lists, put_back = _present(who, updates, params, state.exp_avg, state.exp_avg_sq, state.grad_sum)
+    [(out, *buffers)], (estim_lr, numerator) = dadapt_step(
+        PURE, [(None, *lists)], state.estim_lr, state.numerator_weighted, _wide(count),
+        lr=_at(learning_rate, state.count), betas=(betas[0], betas[1]), eps=eps, weight_decay=weight_decay,
+        bias_correction=bias_correction,
+    )  # fmt: skip
+    out, exp_avg, exp_avg_sq, grad_sum = put_back(out, *buffers)
+    dtype = state.estim_lr.dtype
+    return out, DAdaptAdamWState(
+        exp_avg, exp_avg_sq, grad_sum, estim_lr.to(dtype), numerator.to(dtype), count
     )
-    numerator_weighted = sb2 * state.numerator_weighted + (1 - sb2) * dlr * numerator_acum
-    d_estimate = numerator_weighted / ((1 - sb2) * l1(grad_sum))
-    estim_lr = torch.maximum(state.estim_lr, d_estimate.to(state.estim_lr.dtype))
-    out = leafwise(
-        who,
-        lambda ea, eas, p: (-weight_decay * dlr.to(p.dtype) * p - ea / (torch.sqrt(eas) + eps),),
-        exp_avg, exp_avg_sq, params,
-    )[0]  # fmt: skip
-    new = DAdaptAdamWState(exp_avg, exp_avg_sq, grad_sum, estim_lr, numerator_weighted.to(dlr.dtype), count)
-    return out, new
+
+
+def _present(who: str, updates: Updates, params: Params, *buffers: Any) -> tuple[list[list[Tensor]], Any]:
+    """The leaves with an update, as lists: (params, updates, *buffers), and a function
+    that puts the new update and buffers back in trees (an absent update stays None, its
+    buffers as they were)."""
+    names = (f"{who}: updates", "params", *(f"state field {i}" for i in range(len(buffers))))
+    columns, unflatten = flatten_together(
+        updates, params, *buffers, names=names,
+        hint="Pass updates with the structure of the params given to init, and the state it returned.",
+    )  # fmt: skip
+    gs, ps, *bufs = columns
+    idx = [i for i, g in enumerate(gs) if g is not None]
+    for i in idx:
+        for name, column in zip(names[1:], (ps, *bufs)):
+            if not isinstance(column[i], Tensor):
+                raise ValueError(
+                    f"{who}: leaf {i} has an update but {name} holds {a_kind(column[i])} for it; init with "
+                    "a tensor in that place and pass the params to update"
+                )
+    lists = [[column[i] for i in idx] for column in (ps, gs, *bufs)]
+
+    def put_back(out: list[Tensor], *new: list[Tensor]) -> tuple[Any, ...]:
+        trees = []
+        for old, values in zip((gs, *bufs), (out, *new)):
+            column = list(old)
+            for i, v in zip(idx, values):
+                column[i] = v
+            trees.append(unflatten(column))
+        return tuple(trees)
+
+    return lists, put_back
 
 
 def _with_buffers(who: str, one: Any, updates: Updates, *buffers: Any) -> tuple[Any, ...]:
@@ -188,39 +201,20 @@ def _prodigy_update(
     who = "prodigy update"
     _check_state(state, ProdigyState, who)
     check_params(who, params)
-    beta1, beta2 = betas
-    b3 = beta2**0.5 if beta3 is None else beta3
     count = _increment(state.count)
-    sched = _at(learning_rate, state.count)
-    estim_lr = state.estim_lr
-    c = _wide(count)
-    bc = ((1 - beta2**c) ** 0.5) / (1 - beta1**c) if bias_correction else 1.0
-    dlr = (estim_lr * sched * bc).to(estim_lr.dtype)
-    param_diff = leafwise(who, lambda p0, p: (p0 - p,), state.params0, params)[0]
-    numerator_acum = vdot(updates, param_diff)
-
-    def one(g: Tensor, ea0: Tensor, eas0: Tensor, sk0: Tensor) -> tuple[Tensor, ...]:
-        e, d = estim_lr.to(g.dtype), dlr.to(g.dtype)
-        dg = e * g
-        ea = beta1 * ea0 + (1 - beta1) * dg
-        eas = beta2 * eas0 + (1 - beta2) * dg * dg
-        sk = b3 * sk0 + (e if safeguard_warmup else d) * dg / estim_lr0
-        return ea, eas, sk
-
-    _, exp_avg, exp_avg_sq, grad_sum = _with_buffers(
-        who, one, updates, state.exp_avg, state.exp_avg_sq, state.grad_sum
+    lists, put_back = _present(
+        who, updates, params, state.exp_avg, state.exp_avg_sq, state.grad_sum, state.params0
     )
-    numerator_weighted = b3 * state.numerator_weighted + (estim_lr / estim_lr0) * dlr * numerator_acum
-    lr_estimate = estim_lr_coef * numerator_weighted / l1(grad_sum)
-    new_estim = torch.maximum(estim_lr, lr_estimate.to(estim_lr.dtype))
-
-    def step(ea: Tensor, eas: Tensor, p: Tensor) -> tuple[Tensor]:
-        d, e = dlr.to(p.dtype), new_estim.to(p.dtype)  # optax: the new estimate scales eps
-        return (-weight_decay * d * p - d * ea / (torch.sqrt(eas) + e * eps),)
-
-    out = leafwise(who, step, exp_avg, exp_avg_sq, params)[0]
+    [(out, *buffers)], (estim_lr, numerator) = prodigy_step(
+        PURE, [(None, *lists)], state.estim_lr, state.numerator_weighted, _wide(count),
+        lr=_at(learning_rate, state.count), betas=(betas[0], betas[1]), beta3=beta3, eps=eps, d0=estim_lr0,
+        d_coef=estim_lr_coef, weight_decay=weight_decay, safeguard_warmup=safeguard_warmup,
+        bias_correction=bias_correction,
+    )  # fmt: skip
+    out, exp_avg, exp_avg_sq, grad_sum, _ = put_back(out, *buffers)
+    dtype = state.estim_lr.dtype
     new = ProdigyState(
-        exp_avg, exp_avg_sq, grad_sum, state.params0, new_estim, numerator_weighted.to(estim_lr.dtype), count
+        exp_avg, exp_avg_sq, grad_sum, state.params0, estim_lr.to(dtype), numerator.to(dtype), count
     )
     return out, new
 

@@ -10,26 +10,21 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ..catalogue.adaptive import dadapt_adamw, momo, prodigy
-from ..catalogue.aliases import adabelief, adan, lamb, lars, nadamw, novograd, polyak_sgd, signum, sm3, yogi
+from ..catalogue.adaptive import momo
+from ..catalogue.aliases import lars, nadamw, novograd, polyak_sgd, signum, sm3, yogi
 from ..catalogue.contrib import ademamix, adopt, madgrad
 from ..core.base import GradientTransformation
 from .adapter import Optimizer
 
 __all__ = [
     "AdEMAMix",
-    "AdaBelief",
-    "Adan",
     "Adopt",
-    "DAdaptAdamW",
-    "Lamb",
     "Lars",
     "MADGRAD",
     "Momo",
     "NAdamW",
     "NovoGrad",
     "PolyakSGD",
-    "Prodigy",
     "SM3",
     "Signum",
     "Yogi",
@@ -56,35 +51,6 @@ def _check(lr: Any = 0.0, eps: Any = 0.0, weight_decay: Any = 0.0, betas: tuple[
 
 # module-level factories, so that the optimizers pickle; fo.Optimizer calls each with the
 # param group's current values at every step (an lr scheduler's lr included)
-
-
-def _lamb(lr: Any, betas: Any, eps: Any, weight_decay: Any) -> GradientTransformation:
-    return lamb(lr, b1=betas[0], b2=betas[1], eps=eps, weight_decay=weight_decay)
-
-
-class Lamb(Optimizer):
-    """LAMB (You et al. 2020) as `fo.lamb`: Adam, decoupled weight decay, then the
-    layer-wise trust ratio (optax's math; timm's ``Lamb``, which clips the gradients'
-    global norm by default, was not compared: timm needs torchvision).
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> model = torch.nn.Linear(2, 1)
-        >>> opt = fo.Lamb(model.parameters(), lr=1e-3, weight_decay=0.01)
-        >>> model(torch.ones(1, 2)).sum().backward()
-        >>> opt.step()
-    """
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-6,
-        weight_decay: float = 0.0,
-    ) -> None:
-        _check(lr, eps, weight_decay, betas)
-        super().__init__(params, _lamb, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
 
 
 def _lars(
@@ -124,62 +90,6 @@ class Lars(Optimizer):
             params, _lars, lr=lr, momentum=momentum, weight_decay=weight_decay,
             trust_coefficient=trust_coefficient, eps=eps, nesterov=nesterov,
         )  # fmt: skip
-
-
-def _adan(lr: Any, betas: Any, eps: Any, weight_decay: Any, eps_root: Any) -> GradientTransformation:
-    return adan(
-        lr, b1=betas[0], b2=betas[1], b3=betas[2], eps=eps, eps_root=eps_root, weight_decay=weight_decay
-    )
-
-
-class Adan(Optimizer):
-    """Adan (Xie et al. 2022) as `fo.adan`, ``betas=(b1, b2, b3)`` as optax's decay
-    rates (the paper writes ``1 - beta``: its ``(0.02, 0.08, 0.01)`` is this default).
-    optax's math; timm's ``Adan`` was not compared.
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> opt = fo.Adan(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
-    """
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float = 1e-3,
-        betas: tuple[float, float, float] = (0.98, 0.92, 0.99),
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        eps_root: float = 1e-8,
-    ) -> None:
-        _check(lr, eps, weight_decay, betas)
-        super().__init__(
-            params, _adan, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, eps_root=eps_root
-        )
-
-
-def _adabelief(lr: Any, betas: Any, eps: Any, eps_root: Any) -> GradientTransformation:
-    return adabelief(lr, b1=betas[0], b2=betas[1], eps=eps, eps_root=eps_root)
-
-
-class AdaBelief(Optimizer):
-    """AdaBelief (Zhuang et al. 2020) as `fo.adabelief` (optax's math: ``eps_root`` is
-    added to the second moment at each step, ``eps`` to its root).
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> opt = fo.AdaBelief(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
-    """
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-16,
-        eps_root: float = 1e-16,
-    ) -> None:
-        _check(lr, eps, 0.0, betas)
-        super().__init__(params, _adabelief, lr=lr, betas=tuple(betas), eps=eps, eps_root=eps_root)
 
 
 def _yogi(lr: Any, betas: Any, eps: Any) -> GradientTransformation:
@@ -296,88 +206,6 @@ class AdEMAMix(Optimizer):
         super().__init__(
             params, _ademamix, lr=lr, betas=tuple(betas), alpha=alpha, eps=eps, weight_decay=weight_decay
         )
-
-
-def _prodigy(
-    lr: Any, betas: Any, beta3: Any, eps: Any, weight_decay: Any, use_bias_correction: bool, safeguard_warmup: bool,
-    d0: Any, d_coef: Any,
-) -> GradientTransformation:  # fmt: skip
-    return prodigy(
-        lr, betas=(betas[0], betas[1]), beta3=beta3, eps=eps, estim_lr0=d0, estim_lr_coef=d_coef,
-        weight_decay=weight_decay, safeguard_warmup=safeguard_warmup, bias_correction=use_bias_correction,
-    )  # fmt: skip
-
-
-class Prodigy(Optimizer):
-    """Prodigy (Mishchenko and Defazio 2023) with the constructor of the authors'
-    ``prodigyopt.Prodigy`` (its ``decouple=True``; no ``growth_rate``, ``slice_p`` or
-    ``fsdp_in_use``): for one param group it steps as ``prodigyopt`` to float64
-    round-off. With several groups ``prodigyopt`` estimates one step size for all of
-    them, this class one per group (each group steps on its own, as in `fo.Optimizer`).
-    With ``use_bias_correction=True`` it is optax's ``prodigy``.
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> opt = fo.Prodigy(torch.nn.Linear(2, 1).parameters())
-    """
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float = 1.0,
-        betas: tuple[float, float] = (0.9, 0.999),
-        beta3: float | None = None,
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        use_bias_correction: bool = False,
-        safeguard_warmup: bool = False,
-        d0: float = 1e-6,
-        d_coef: float = 1.0,
-    ) -> None:
-        _check(lr, eps, weight_decay, betas)
-        super().__init__(
-            params, _prodigy, lr=lr, betas=tuple(betas), beta3=beta3, eps=eps, weight_decay=weight_decay,
-            use_bias_correction=use_bias_correction, safeguard_warmup=safeguard_warmup, d0=d0, d_coef=d_coef,
-        )  # fmt: skip
-
-
-def _dadapt(
-    lr: Any, betas: Any, eps: Any, weight_decay: Any, use_bias_correction: bool, d0: Any
-) -> GradientTransformation:
-    return dadapt_adamw(
-        lr, betas=(betas[0], betas[1]), eps=eps, estim_lr0=d0, weight_decay=weight_decay,
-        bias_correction=use_bias_correction,
-    )  # fmt: skip
-
-
-class DAdaptAdamW(Optimizer):
-    """D-Adaptation AdamW (Defazio and Mishchenko 2023) with the constructor of the
-    authors' ``dadaptation.DAdaptAdam(decouple=True)`` (no ``growth_rate``,
-    ``log_every`` or ``fsdp_in_use``): for one param group it steps as ``dadaptation``
-    to float64 round-off. With several groups ``dadaptation`` estimates one step size
-    for all, this class one per group. With ``use_bias_correction=True`` it is optax's
-    ``dadapt_adamw``.
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> opt = fo.DAdaptAdamW(torch.nn.Linear(2, 1).parameters())
-    """
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float = 1.0,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        use_bias_correction: bool = False,
-        d0: float = 1e-6,
-    ) -> None:
-        _check(lr, eps, weight_decay, betas)
-        super().__init__(
-            params, _dadapt, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-            use_bias_correction=use_bias_correction, d0=d0,
-        )  # fmt: skip
 
 
 def _madgrad(lr: Any, momentum: Any, weight_decay: Any, eps: Any) -> GradientTransformation:

@@ -27,6 +27,9 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
+from ..transforms.schedule_free_math import FOREACH, averaging, interpolate
+from .distance_classes import _parts as _split
+
 __all__ = ["AdamWScheduleFree", "RAdamScheduleFree", "SGDScheduleFree"]
 
 
@@ -102,26 +105,32 @@ class _ScheduleFree(torch.optim.Optimizer):
     def _step_group(self, group: dict[str, Any]) -> None:
         k = group["k"]
         lr = group["scheduled_lr"] = self._lr(group, k + 1)
-        lr_max = group["lr_max"] = max(lr, group["lr_max"])
-        weight = (k + 1) ** group["r"] * lr_max ** group["weight_lr_power"]
-        weight_sum = group["weight_sum"] = group["weight_sum"] + weight
-        ckp1 = weight / weight_sum if weight_sum != 0 else 0.0  # 0 / 0 (lr 0 so far): no averaging yet
+        ckp1, group["lr_max"], group["weight_sum"] = averaging(
+            k + 1, lr, group["lr_max"], group["weight_sum"], group["r"], group["weight_lr_power"]
+        )
         active = [p for p in group["params"] if p.grad is not None]
         for p in active:
             if p.grad.is_sparse:
                 raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
             if "z" not in self.state[p]:
                 self.state[p].update(self._init_state(p))
-        # foreach: all params in one list; else one at a time (less memory at the peak)
-        for params in [active] if group["foreach"] and active else [[p] for p in active]:
+        # foreach: params in parts of bounded size; else one at a time
+        for params in _parts(active) if group["foreach"] else [[p] for p in active]:
             d = self._direction(group, params, k + 1)
             if group["weight_decay"] != 0:  # at y
-                d = list(torch._foreach_add(d, params, alpha=group["weight_decay"]))
+                if d[0] is params[0].grad:  # the gradients themselves: left as they are
+                    d = list(torch._foreach_add(d, params, alpha=group["weight_decay"]))
+                else:  # the step's own tensors
+                    torch._foreach_add_(d, params, alpha=group["weight_decay"])
             z = [self.state[p]["z"] for p in params]
-            torch._foreach_lerp_(params, z, weight=ckp1)
-            torch._foreach_add_(params, d, alpha=lr * (self._b1(group) * (1 - ckp1) - 1))
-            torch._foreach_sub_(z, d, alpha=lr)
+            interpolate(FOREACH, params, params, z, d, lr, ckp1, self._b1(group))
         group["k"] = k + 1
+
+
+def _parts(params: list[Tensor]) -> list[list[Tensor]]:
+    """`params` in parts of bounded size (see distance_classes.PART): a step's temporaries
+    are then reused, not mapped anew from the OS each step."""
+    return [list(part[0]) for part in _split([params])] if params else []
 
 
 class SGDScheduleFree(_ScheduleFree):

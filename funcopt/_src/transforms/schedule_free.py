@@ -30,6 +30,7 @@ from ..core.hyperparams import (
 )
 from .blocks import add_decayed_weights, scale_by_learning_rate
 from .moments import scale_by_rms
+from .schedule_free_math import PURE, averaging, interpolate
 from .schedules import linear_schedule
 from .wrappers import _fill_skipped, _lowest_dtype, _map_updates
 
@@ -157,27 +158,19 @@ def _free_update(
     # the schedule at the count from 0, where the base optimizer reads its own
     lr = learning_rate(state.step_count - 1) if callable(learning_rate) else learning_rate
     lr = lr.to(state.max_lr.dtype) if isinstance(lr, Tensor) else torch.full_like(state.max_lr, lr)
-    max_lr = torch.maximum(state.max_lr, lr)
-    weight = max_lr**weight_lr_power
-    if isinstance(r, Tensor) or r != 0:
-        weight = state.step_count.to(weight.dtype) ** r * weight
-    total_weight = state.weight_sum + weight
-    # 0 / 0 while the learning rate is 0 (a warmup's first step) counts as 0
-    ck = torch.where(
-        torch.isnan(weight) | torch.isnan(total_weight),
-        torch.full_like(weight, float("nan")),
-        torch.nan_to_num(weight / total_weight, nan=0.0, posinf=float("inf")),
-    )
+    step = state.step_count.to(state.max_lr.dtype)
+    ck, max_lr, total_weight = averaging(step, lr, state.max_lr, state.weight_sum, r, weight_lr_power)
     base_updates, base_state = _update(base_optimizer, grads, state.base_optimizer_state, params, extra_args)
 
-    def step(u: Tensor, z: Tensor, y: Tensor) -> Tensor:
-        # x_new = (1 - ck) x + ck z_new and y = b1 x + (1 - b1) z, with x not formed: the
-        # authors' form, y_new = y + ck (z - y) + (1 - b1 (1 - ck)) u (u: the base step)
-        return (ck * (z - y) + (1.0 - b1 * (1.0 - ck)) * u).to(y.dtype)
+    def leaf(u: Tensor, z: Tensor, y: Tensor) -> _Pair:
+        # the base optimizer's update u is the direction with lr = -1
+        out, new_z = interpolate(PURE, None, y, z, u, -1.0, ck, b1)
+        return _Pair(out.to(y.dtype), new_z.to(z.dtype))
 
     what = "the state's z and the params"
-    new_z = _map_updates(lambda u, z: (z + u).to(z.dtype), base_updates, state.z, who=who, what=what)
-    updates = _map_updates(step, base_updates, state.z, params, who=who, what=what)
+    pairs = _map_updates(leaf, base_updates, state.z, params, who=who, what=what)
+    updates = optree.tree_map(lambda x: None if x is None else x.update, pairs, none_is_leaf=True)
+    new_z = optree.tree_map(lambda x: None if x is None else x.z, pairs, none_is_leaf=True)
     return updates, ScheduleFreeState(
         b1=state.b1,
         weight_sum=total_weight,
@@ -186,6 +179,15 @@ def _free_update(
         base_optimizer_state=base_state,
         z=_fill_skipped(new_z, state.z),
     )
+
+
+class _Pair:
+    """A leaf's update and new z (a pytree leaf: optree does not look inside)."""
+
+    __slots__ = ("update", "z")
+
+    def __init__(self, update: Tensor, z: Tensor) -> None:
+        self.update, self.z = update, z
 
 
 def schedule_free_eval_params(state: ScheduleFreeState, params: Params) -> Params:

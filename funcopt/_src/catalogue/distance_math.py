@@ -1,0 +1,174 @@
+"""Prodigy's and D-Adaptation AdamW's step, written once over the lists of a param group.
+
+Both estimate their step size ``d`` from sums over all params (an inner product and an
+L1 norm), so their math is no per-tensor `fo.Algorithm`: it runs on whole lists. Each
+function below is the method's whole step, against a namespace ``o`` of list ops:
+
+- `IN_PLACE` (the drop-in classes ``fo.Prodigy``, ``fo.DAdaptAdamW``): the engine's
+  `ForEach` ops (one ``torch._foreach_*`` call per op for the group), which overwrite
+  the buffers and the params (``out`` is the params); the sums are read on the host once
+  per step, and the scalars are Python numbers (double precision, as the authors' code);
+- `PURE` (the functional ``fo.prodigy``, ``fo.dadapt_adamw``): the engine's `Pure` ops
+  leaf by leaf, which mutate nothing (``out`` is None: the update is made); the sums and
+  scalars stay 0-d tensors, so the step runs under ``torch.func`` and ``torch.compile``.
+
+A step takes the group's params in parts (the classes' are bounded in size, so that the
+temporaries of a large model's step are reused, not mapped anew from the OS each step;
+the functional's is one), and returns each part's ``(out, *buffers)`` and the new
+``(estim_lr, numerator_weighted)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..engine.ops import ForEach, Pure, nonzero
+
+__all__ = ["IN_PLACE", "PURE", "dadapt_step", "prodigy_step"]
+
+Coef = Any  # a Python number (IN_PLACE) or a 0-d tensor (PURE)
+
+
+def _host_sum(values: Sequence[Tensor]) -> float:
+    """The sum of 0-d tensors as a Python number, read once (in float64)."""
+    return torch.stack(list(values)).sum(dtype=torch.float64).item() if values else 0.0
+
+
+class InPlaceLists(ForEach):
+    """`ForEach` with the sums over a group that Prodigy and D-Adaptation need."""
+
+    @staticmethod
+    def dot(xs: Sequence[Tensor], ys: Sequence[Tensor]) -> float:
+        """``sum_i <xs[i], ys[i]>`` (real tensors), read on the host."""
+        return _host_sum([torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(xs, ys)])
+
+    @staticmethod
+    def l1(xs: Sequence[Tensor]) -> float:
+        """``sum_i |xs[i]|_1``, read on the host."""
+        return _host_sum([x.abs().sum() for x in xs])  # (foreach_norm's ord 1: 2x slower on CPU)
+
+    maximum = staticmethod(max)
+
+
+def _mapped(op: Callable[..., Any]) -> Any:
+    """`op` (a `Pure` op) applied leaf by leaf: list arguments are taken element by
+    element, the others (coefficients, None for ``out``) passed to every call."""
+
+    def apply(*args: Any, **kwargs: Any) -> list[Any]:
+        n = next((len(a) for a in args if isinstance(a, list)), 0)
+        return [op(*(a[i] if isinstance(a, list) else a for a in args), **kwargs) for i in range(n)]
+
+    return staticmethod(apply)
+
+
+def _tensor_sum(values: list[Tensor]) -> Tensor:
+    total = values[0] if values else torch.zeros(())
+    for v in values[1:]:
+        total = total + v
+    return total
+
+
+class PureLists:
+    """`Pure` on lists, leaf by leaf (coefficients may be 0-d tensors), with the sums as
+    0-d tensors."""
+
+    sub = _mapped(Pure.sub)
+    sqrt = _mapped(Pure.sqrt)
+    div = _mapped(Pure.div)
+    add_ = _mapped(Pure.add_)
+    mul_ = _mapped(Pure.mul_)
+    addcmul_ = _mapped(Pure.addcmul_)
+    addcdiv_ = _mapped(Pure.addcdiv_)
+    decay_ = _mapped(Pure.decay_)
+
+    @staticmethod
+    def dot(xs: Sequence[Tensor], ys: Sequence[Tensor]) -> Tensor:
+        return _tensor_sum([(x * y).sum() for x, y in zip(xs, ys)])
+
+    @staticmethod
+    def l1(xs: Sequence[Tensor]) -> Tensor:
+        return _tensor_sum([x.abs().sum() for x in xs])
+
+    @staticmethod
+    def maximum(a: Tensor, b: Tensor) -> Tensor:
+        return torch.maximum(a, b.to(a.dtype))
+
+
+IN_PLACE = InPlaceLists()
+PURE = PureLists()
+
+
+def _bias_correction(betas: tuple[Coef, Coef], step: Coef, on: bool) -> Coef:
+    """Adam's bias correction of the step size, ``sqrt(1 - b2^t) / (1 - b1^t)`` (or 1)."""
+    return ((1 - betas[1] ** step) ** 0.5) / (1 - betas[0] ** step) if on else 1.0
+
+
+Part = tuple[Any, ...]
+"""A part of the group's params, stepped together: ``(out, params, grads, *buffers)``, lists."""
+
+
+def prodigy_step(
+    o: Any, parts: list[Part], estim_lr: Coef, numerator_weighted: Coef, step: Coef, *, lr: Coef,
+    betas: tuple[Coef, Coef], beta3: Coef | None, eps: Coef, d0: Coef, d_coef: Coef, weight_decay: Coef,
+    safeguard_warmup: bool, bias_correction: bool,
+) -> tuple[list[Part], tuple[Coef, Coef]]:  # fmt: skip
+    """Prodigy's step (``prodigyopt``'s with ``decouple=True``; optax's ``prodigy`` with
+    `bias_correction`) at `step` (from 1): ``d`` is `estim_lr`, `d0` its first value.
+    `parts` hold the buffers ``exp_avg, exp_avg_sq, grad_sum, params0``; the moments of
+    every part are taken before the new ``d`` steps any. Returns, per part,
+    ``(out, *new buffers)``, and the new ``d`` and ``numerator_weighted``."""
+    beta1, beta2 = betas
+    b3 = beta2**0.5 if beta3 is None else beta3
+    d = estim_lr
+    dlr = d * lr * _bias_correction(betas, step, bias_correction)
+    delta, l1, moved = 0.0, 0.0, []
+    for out, ps, gs, exp_avg, exp_avg_sq, grad_sum, params0 in parts:
+        delta = delta + o.dot(gs, o.sub(params0, ps))  # before the params move
+        exp_avg = o.add_(o.mul_(exp_avg, beta1), gs, alpha=d * (1 - beta1))
+        exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), gs, gs, value=d * d * (1 - beta2))
+        grad_sum = o.add_(o.mul_(grad_sum, b3), gs, alpha=(d / d0) * (d if safeguard_warmup else dlr))
+        l1 = l1 + o.l1(grad_sum)
+        moved.append((out, ps, exp_avg, exp_avg_sq, grad_sum, params0))
+    numerator = b3 * numerator_weighted + (d / d0) * dlr * delta
+    new_d = o.maximum(d, d_coef * numerator / l1)
+    stepped = []
+    for out, ps, exp_avg, exp_avg_sq, grad_sum, params0 in moved:
+        denom = o.add_(o.sqrt(exp_avg_sq), new_d * eps)  # the new estimate scales eps
+        if nonzero(weight_decay):
+            out = o.decay_(out, ps, 1 - weight_decay * dlr)
+        out = o.addcdiv_(out, exp_avg, denom, value=-dlr)
+        stepped.append((out, exp_avg, exp_avg_sq, grad_sum, params0))
+    return stepped, (new_d, numerator)
+
+
+def dadapt_step(
+    o: Any, parts: list[Part], estim_lr: Coef, numerator_weighted: Coef, step: Coef, *, lr: Coef,
+    betas: tuple[Coef, Coef], eps: Coef, weight_decay: Coef, bias_correction: bool,
+) -> tuple[list[Part], tuple[Coef, Coef]]:  # fmt: skip
+    """D-Adaptation AdamW's step (``dadaptation.DAdaptAdam(decouple=True)``; optax's
+    ``dadapt_adamw`` with `bias_correction`) at `step` (from 1), as `prodigy_step` (the
+    buffers ``exp_avg, exp_avg_sq, grad_sum``)."""
+    beta1, beta2 = betas
+    sb2 = beta2**0.5
+    dlr = estim_lr * lr * _bias_correction(betas, step, bias_correction)
+    acum, l1, moved = 0.0, 0.0, []
+    for out, ps, gs, exp_avg, exp_avg_sq, grad_sum in parts:
+        acum = acum + o.dot(gs, o.div(grad_sum, o.add_(o.sqrt(exp_avg_sq), eps)))  # the old moments
+        exp_avg = o.add_(o.mul_(exp_avg, beta1), gs, alpha=dlr * (1 - beta1))
+        exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), gs, gs, value=1 - beta2)
+        grad_sum = o.add_(o.mul_(grad_sum, sb2), gs, alpha=dlr * (1 - sb2))
+        l1 = l1 + o.l1(grad_sum)
+        moved.append((out, ps, exp_avg, exp_avg_sq, grad_sum))
+    numerator = sb2 * numerator_weighted + (1 - sb2) * dlr * acum
+    new_d = o.maximum(estim_lr, numerator / ((1 - sb2) * l1))
+    stepped = []
+    for out, ps, exp_avg, exp_avg_sq, grad_sum in moved:
+        if nonzero(weight_decay):
+            out = o.decay_(out, ps, 1 - weight_decay * dlr)
+        out = o.addcdiv_(out, exp_avg, o.add_(o.sqrt(exp_avg_sq), eps), value=-1)
+        stepped.append((out, exp_avg, exp_avg_sq, grad_sum))
+    return stepped, (new_d, numerator)

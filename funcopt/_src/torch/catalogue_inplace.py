@@ -1,0 +1,124 @@
+"""The drop-in classes `Lamb`, `Adan` and `AdaBelief`, on the engine's in-place path: each is
+`fo.Optimizer` running its `Algorithm` (``algorithms/lamb_adan.py``: optax's math per
+tensor) in place, with foreach lists for Adan and AdaBelief (per element) and one param at a time for
+Lamb (its trust ratio reads each param's norm). The functional forms are optax's chains
+(`fo.lamb`, `fo.adan`, `fo.adabelief`), equal to these classes to round-off."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.optim.optimizer import ParamsT
+
+from ..algorithms.lamb_adan import ADABELIEF, ADAN, LAMB
+from .adapter import Optimizer
+
+__all__ = ["AdaBelief", "Adan", "Lamb"]
+
+
+class _RenamesOldKeys(Optimizer):
+    """Loads a state_dict of the earlier class too: `fo.Optimizer` over optax's chain,
+    whose state keys were the chain's (``'0.mu'``); the step count becomes torch's float
+    ``step``."""
+
+    old_keys: dict[str, str] = {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        states = state_dict.get("state", {})
+        if any(key in self.old_keys for state in states.values() for key in state):
+            states = {i: self._renamed(state) for i, state in states.items()}
+            state_dict = {**state_dict, "state": states}
+        super().load_state_dict(state_dict)
+
+    def _renamed(self, state: dict[str, Any]) -> dict[str, Any]:
+        new = {}
+        for key, value in state.items():
+            name = self.old_keys.get(key, key)
+            new[name] = value.to(torch.float32) if name == "step" else value
+        return new
+
+
+class Lamb(_RenamesOldKeys):
+    """LAMB (You et al. 2020) as `fo.lamb`: Adam, decoupled weight decay, then the
+    layer-wise trust ratio (optax's math; timm's ``Lamb``, which clips the gradients'
+    global norm by default, was not compared: timm needs torchvision). State keys:
+    ``step``, ``exp_avg``, ``exp_avg_sq``.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> model = torch.nn.Linear(2, 1)
+        >>> opt = fo.Lamb(model.parameters(), lr=1e-3, weight_decay=0.01)
+        >>> model(torch.ones(1, 2)).sum().backward()
+        >>> opt.step()
+    """
+
+    old_keys = {"0.count": "step", "0.mu": "exp_avg", "0.nu": "exp_avg_sq"}
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__(
+            params, LAMB, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, eps_root=0.0
+        )
+
+
+class Adan(_RenamesOldKeys):
+    """Adan (Xie et al. 2022) as `fo.adan`, ``betas=(b1, b2, b3)`` as optax's decay
+    rates (the paper writes ``1 - beta``: its ``(0.02, 0.08, 0.01)`` is this default).
+    optax's math; timm's ``Adan`` was not compared. State keys: ``step``, ``exp_avg``,
+    ``exp_avg_diff``, ``exp_avg_sq``, ``prev_grad``.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> opt = fo.Adan(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
+    """
+
+    old_keys = {
+        "0.t": "step",
+        "0.m": "exp_avg",
+        "0.v": "exp_avg_diff",
+        "0.n": "exp_avg_sq",
+        "0.g": "prev_grad",
+    }
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float, float] = (0.98, 0.92, 0.99),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        eps_root: float = 1e-8,
+    ) -> None:
+        super().__init__(
+            params, ADAN, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, eps_root=eps_root
+        )
+
+
+class AdaBelief(_RenamesOldKeys):
+    """AdaBelief (Zhuang et al. 2020) as `fo.adabelief` (optax's math: ``eps_root`` is
+    added to the second moment at each step, ``eps`` to its root). State keys:
+    ``step``, ``exp_avg``, ``exp_avg_var``.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> opt = fo.AdaBelief(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
+    """
+
+    old_keys = {"0.count": "step", "0.mu": "exp_avg", "0.nu": "exp_avg_var"}
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-16,
+        eps_root: float = 1e-16,
+    ) -> None:
+        super().__init__(params, ADABELIEF, lr=lr, betas=tuple(betas), eps=eps, eps_root=eps_root)

@@ -1,0 +1,138 @@
+"""The in-place drop-in classes of issue 64's speed work: Prodigy and DAdaptAdamW (their
+step in parts of bounded size, against the authors' packages), the schedule-free
+classes in parts, and a state_dict of the earlier fo.Optimizer-based Prodigy and
+DAdaptAdamW loading into today's classes."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any
+
+import pytest
+import torch
+
+import funcopt as fo
+from funcopt._src.torch import distance_classes
+
+F64 = torch.float64
+SHAPES = [(3, 4), (4,), (2, 3), (5,), (7, 2)]
+
+
+def params() -> list[torch.nn.Parameter]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.nn.Parameter(torch.randn(s, generator=g, dtype=F64)) for s in SHAPES]
+
+
+def grads(step: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + step)
+    return [torch.randn(s, generator=g, dtype=F64) for s in SHAPES]
+
+
+def run(opt: Any, ps: list[torch.nn.Parameter], steps: range) -> None:
+    for step in steps:
+        for p, g in zip(ps, grads(step)):
+            p.grad = g.clone()
+        opt.step()
+
+
+REFERENCES = {
+    "Prodigy": ("prodigyopt", "Prodigy", {}),
+    "DAdaptAdamW": ("dadaptation", "DAdaptAdam", {"decouple": True}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+def test_a_group_stepped_in_parts_steps_as_the_authors(name, monkeypatch):
+    """Parts of at most 13 elements (the params cut into 4 parts): the sums over the
+    group add up across parts, and the step equals the package's."""
+    monkeypatch.setattr(distance_classes, "PART", 13)
+    assert len(distance_classes._parts([params()])) == 4
+    module, cls, fixed = REFERENCES[name]
+    reference = getattr(pytest.importorskip(module), cls)
+    theirs_ps, ours_ps = params(), params()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = reference(theirs_ps, weight_decay=0.1, **fixed)
+        run(theirs, theirs_ps, range(15))
+    ours = getattr(fo, name)(ours_ps, weight_decay=0.1)
+    run(ours, ours_ps, range(15))
+    for a, b, p0 in zip(ours_ps, theirs_ps, params()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-9 * float((b - p0).detach().abs().max()))
+
+
+@pytest.mark.parametrize("name", ["SGDScheduleFree", "AdamWScheduleFree"])
+def test_schedule_free_in_parts_steps_as_the_authors(name, monkeypatch):
+    monkeypatch.setattr(distance_classes, "PART", 13)
+    schedulefree = pytest.importorskip("schedulefree")
+    theirs_ps, ours_ps = params(), params()
+    theirs = getattr(schedulefree, name)(theirs_ps, lr=0.05, weight_decay=0.1)
+    ours = getattr(fo, name)(ours_ps, lr=0.05, weight_decay=0.1)
+    theirs.train()
+    ours.train()
+    run(theirs, theirs_ps, range(10))
+    run(ours, ours_ps, range(10))
+    for a, b in zip(ours_ps, theirs_ps):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-14)
+
+
+# the earlier classes: fo.Optimizer with these factories (their arguments, their state_dict)
+def _old_prodigy(lr, betas, beta3, eps, weight_decay, use_bias_correction, safeguard_warmup, d0, d_coef):
+    return fo.prodigy(
+        lr, betas=(betas[0], betas[1]), beta3=beta3, eps=eps, estim_lr0=d0, estim_lr_coef=d_coef,
+        weight_decay=weight_decay, safeguard_warmup=safeguard_warmup, bias_correction=use_bias_correction,
+    )  # fmt: skip
+
+
+def _old_dadapt(lr, betas, eps, weight_decay, use_bias_correction, d0):
+    return fo.dadapt_adamw(
+        lr, betas=(betas[0], betas[1]), eps=eps, estim_lr0=d0, weight_decay=weight_decay,
+        bias_correction=use_bias_correction,
+    )  # fmt: skip
+
+
+def _old_lamb(lr, betas, eps, weight_decay):
+    return fo.lamb(lr, b1=betas[0], b2=betas[1], eps=eps, weight_decay=weight_decay)
+
+
+def _old_adan(lr, betas, eps, weight_decay, eps_root):
+    return fo.adan(
+        lr, b1=betas[0], b2=betas[1], b3=betas[2], eps=eps, eps_root=eps_root, weight_decay=weight_decay
+    )
+
+
+def _old_adabelief(lr, betas, eps, eps_root):
+    return fo.adabelief(lr, b1=betas[0], b2=betas[1], eps=eps, eps_root=eps_root)
+
+
+OLD = {
+    "AdaBelief": (_old_adabelief, dict(lr=0.01, betas=(0.9, 0.999), eps=1e-16, eps_root=1e-16)),
+    "Lamb": (_old_lamb, dict(lr=0.01, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.1)),
+    "Adan": (_old_adan, dict(lr=0.01, betas=(0.98, 0.92, 0.99), eps=1e-8, weight_decay=0.1, eps_root=1e-8)),
+    "Prodigy": (_old_prodigy, dict(lr=1.0, betas=(0.9, 0.999), beta3=None, eps=1e-8, weight_decay=0.1,
+                                   use_bias_correction=False, safeguard_warmup=False, d0=1e-6, d_coef=1.0)),
+    "DAdaptAdamW": (_old_dadapt, dict(lr=1.0, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1,
+                                      use_bias_correction=False, d0=1e-6)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(OLD))
+def test_an_earlier_state_dict_loads(name):
+    """The fo.Optimizer-based classes kept their transformation's state under its keys
+    (Prodigy's estimate, its numerator and the count in each param's state; Lamb's chain
+    under '0.mu', ...): such a state_dict resumes in today's class, which then steps as
+    the earlier one goes on."""
+    factory, defaults = OLD[name]
+    old_ps = params()
+    old = fo.Optimizer(old_ps, factory, **defaults)
+    run(old, old_ps, range(4))
+    saved = copy.deepcopy(old.state_dict())
+    old_keys = set(saved["state"][0])
+    new_ps = [torch.nn.Parameter(p.detach().clone()) for p in old_ps]
+    new = getattr(fo, name)(new_ps, **{k: v for k, v in defaults.items() if k in ("lr", "weight_decay")})
+    new.load_state_dict(saved)
+    run(old, old_ps, range(4, 8))
+    run(new, new_ps, range(4, 8))
+    for a, b in zip(new_ps, old_ps):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)
+    assert not old_keys & set(new.state[new_ps[0]]) - {"exp_avg", "exp_avg_sq", "grad_sum", "params0"}
