@@ -13,15 +13,17 @@ Stateful API (subclasses of ``torch.optim.Optimizer``)::
     opt = fo.NAdam(model.parameters(), lr=2e-3)
 """
 
+from . import distributed, implicit, linear_solve
 from . import engine as engine  # the public way to write an optimizer: funcopt.engine
 from ._src import _moved
-from ._src import catalogue as _catalogue  # optax's catalogue (issue 64)
+from ._src import catalogue as _catalogue
 from ._src.algorithms.adadelta import AdadeltaState, adadelta
 from ._src.algorithms.adafactor import AdafactorState, adafactor
 from ._src.algorithms.adagrad import AdagradState, adagrad
 from ._src.algorithms.adam import AdamState, AdamWState, adam, adamw
 from ._src.algorithms.adamax import AdamaxState, adamax
 from ._src.algorithms.asgd import ASGDState, asgd
+from ._src.algorithms.lamb_adan import AdaBeliefState, AdanState, LambState
 from ._src.algorithms.lbfgs import LBFGSState, lbfgs
 from ._src.algorithms.lion import LionState, lion
 from ._src.algorithms.muon import MuonState, muon
@@ -46,10 +48,12 @@ from ._src.core.base import (
 from ._src.core.hyperparams import ScheduledState
 from ._src.engine.algorithm import Algorithm, Bound
 from ._src.meta import inner_loop
+from ._src.scan_loop import scan_inner_loop
 from ._src.torch import catalogue_classes as _catalogue_classes
 from ._src.torch.adam_classes import Adam, AdamW, RAdam, SparseAdam
 from ._src.torch.adapter import Optimizer
 from ._src.torch.catalogue_classes import *  # noqa: F403
+from ._src.torch.catalogue_inplace import AdaBelief, Adan, Lamb
 from ._src.torch.classes import (
     ASGD,
     SGD,
@@ -64,7 +68,9 @@ from ._src.torch.classes import (
     Rprop,
 )
 from ._src.torch.convert import functional_state, load_functional_state
+from ._src.torch.distance_classes import DAdaptAdamW, Prodigy
 from ._src.torch.lbfgs import LBFGS
+from ._src.torch.schedule_free import AdamWScheduleFree, RAdamScheduleFree, SGDScheduleFree
 from ._src.transforms import blocks as _transforms
 from ._src.transforms import inject as _inject
 from ._src.transforms import lookahead as _lookahead
@@ -81,26 +87,6 @@ from ._src.transforms.moments import *  # noqa: F403
 from ._src.transforms.schedule_free import *  # noqa: F403
 from ._src.transforms.schedules import *  # noqa: F403  (each module lists its names in its __all__)
 from ._src.transforms.wrappers import *  # noqa: F403
-
-# isort: split
-# -- differentiable optimization at scale (issue 63) --
-from . import distributed, implicit, linear_solve
-from ._src.scan_loop import scan_inner_loop
-
-# isort: split
-# --- optax's catalogue (issue 64): blocks, aliases, contrib optimizers, their classes
-from ._src.catalogue import *  # noqa: F403
-
-# --- end of optax's catalogue
-
-# isort: split
-# schedule-free drop-in classes (the authors' schedulefree package)
-from ._src.torch.schedule_free import AdamWScheduleFree, RAdamScheduleFree, SGDScheduleFree
-
-# isort: split
-# --- issue 64 speed: in-place drop-in classes of the catalogue
-from ._src.torch.catalogue_inplace import AdaBelief, Adan, Lamb
-from ._src.torch.distance_classes import DAdaptAdamW, Prodigy
 
 __version__ = "0.1.0"
 
@@ -179,23 +165,26 @@ __all__ = [
     *_lookahead.__all__,
     *_moments.__all__,
     *_schedule_free.__all__,
-    # -- differentiable optimization at scale (issue 63) --
+    # differentiable optimization at scale
     "distributed",
     "implicit",
     "linear_solve",
     "scan_inner_loop",
-    # -- optax's catalogue (issue 64) --
+    # optax's catalogue
     *_catalogue.__all__,
     *_catalogue_classes.__all__,
     # schedule-free drop-in classes
     "AdamWScheduleFree",
     "RAdamScheduleFree",
     "SGDScheduleFree",
-    # -- issue 64 speed: in-place drop-in classes of the catalogue --
+    # the catalogue's in-place drop-in classes, and their algorithms' states
     "AdaBelief",
+    "AdaBeliefState",
     "Adan",
+    "AdanState",
     "DAdaptAdamW",
     "Lamb",
+    "LambState",
     "Prodigy",
 ]
 

@@ -219,9 +219,13 @@ def untraced(hyperparams: dict[str, Any], *leaf_lists: Sequence[Any]) -> bool:
     autograd records nothing as well (see ``inplace.py``), out of place where it records."""
     if tracing() or forward_ad._current_level >= 0:  # dual tensors need neither out= nor foreach ops
         return False
-    for value in hyperparams.values():
-        if any(isinstance(v, Tensor) for v in (value if isinstance(value, tuple) else (value,))):
+    for value in hyperparams.values():  # (a loop, not any(): this runs at every update)
+        if isinstance(value, Tensor):
             return False
+        if type(value) is tuple:
+            for v in value:
+                if isinstance(v, Tensor):
+                    return False
     # None: a leaf without a param or gradient; MaskedNode: a buffer absent from the state
     return {type(t) for leaves in leaf_lists for t in leaves} <= _UNTRACED
 

@@ -13,6 +13,7 @@ from torch.optim.optimizer import ParamsT
 
 from ..algorithms.lamb_adan import ADABELIEF, ADAN, LAMB
 from .adapter import Optimizer
+from .fused import fused_flag
 
 __all__ = ["AdaBelief", "Adan", "Lamb"]
 
@@ -62,9 +63,24 @@ class Lamb(_RenamesOldKeys):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-6,
         weight_decay: float = 0.0,
+        *,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
     ) -> None:
         super().__init__(
-            params, LAMB, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, eps_root=0.0
+            params,
+            LAMB,
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            eps_root=0.0,
+            foreach=foreach,
+            capturable=capturable,
+            differentiable=differentiable,
+            **fused_flag(fused),
         )
 
 
@@ -95,9 +111,24 @@ class Adan(_RenamesOldKeys):
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         eps_root: float = 1e-8,
+        *,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
     ) -> None:
         super().__init__(
-            params, ADAN, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, eps_root=eps_root
+            params,
+            ADAN,
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            eps_root=eps_root,
+            foreach=foreach,
+            capturable=capturable,
+            differentiable=differentiable,
+            **fused_flag(fused),
         )
 
 
@@ -120,5 +151,21 @@ class AdaBelief(_RenamesOldKeys):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-16,
         eps_root: float = 1e-16,
+        *,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
     ) -> None:
-        super().__init__(params, ADABELIEF, lr=lr, betas=tuple(betas), eps=eps, eps_root=eps_root)
+        super().__init__(
+            params,
+            ADABELIEF,
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            eps_root=eps_root,
+            foreach=foreach,
+            capturable=capturable,
+            differentiable=differentiable,
+            **fused_flag(fused),
+        )
