@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [
     "getting-started", "concepts", "recipes", "long-inner-loops", "checkpoints", "distributed", "performance", "adding-an-algorithm", "api",
     "comparison", "coming-from-optax", "transforms", "schedules", "wrappers",
-    "tutorials/drop_in_replacement", "tutorials/lr_sweep_vmap", "tutorials/maml_sinusoid",
+    "tutorials/drop_in_replacement", "tutorials/lr_sweep_vmap", "tutorials/maml_sinusoid", "tutorials/imaml",
     *(f"algorithms/{name.lower()}" for name in ALGORITHMS),
     *(f"algorithms/{page.stem}" for page in sorted((ROOT / "docs" / "algorithms").glob("*.md"))),
 ]  # fmt: skip
@@ -75,7 +75,7 @@ def test_docs_build_without_warnings(tmp_path):
     assert result.returncode == 0 and not warnings, result.stderr[-5000:]
     for page in PAGES:
         assert (out / f"{page}.html").exists(), page
-    for tutorial in ("drop_in_replacement", "lr_sweep_vmap", "maml_sinusoid"):  # executed, with plots
+    for tutorial in ("drop_in_replacement", "lr_sweep_vmap", "maml_sinusoid", "imaml"):  # executed, with plots
         assert "<img" in (out / "tutorials" / f"{tutorial}.html").read_text()
     # the API reference is generated from the docstrings
     assert 'id="funcopt.Optimizer"' in (out / "api.html").read_text()
