@@ -87,7 +87,9 @@ def inner_objective(w, theta, x, y):
 
 
 def make_adapt(steps, cg_iterations):
-    @fo.implicit.custom_root(torch.func.grad(inner_objective), solve=fo.linear_solve.cg(maxiter=cg_iterations))
+    @fo.implicit.custom_root(
+        torch.func.grad(inner_objective), solve=fo.linear_solve.cg(maxiter=cg_iterations)
+    )
     def adapt(init, theta, x, y):
         w, _, _ = fo.inner_loop(inner_objective, init, inner, [(theta, x, y)] * steps)
         return w
@@ -141,7 +143,9 @@ for _ in tqdm(range(META_ITERATIONS), desc="meta-training", disable=None):
     meta_optimizer.step()
     meta_losses.append(loss.item())
 after = held_out_loss(theta)
-print(f"query loss after adaptation on 25 held-out tasks: {before:.3f} from the random init, {after:.3f} meta-learned")
+print(
+    f"query loss after adaptation on 25 held-out tasks: {before:.3f} from the random init, {after:.3f} meta-learned"
+)
 
 # %% [markdown]
 # ## Implicit against unrolled, on one task
@@ -157,6 +161,10 @@ x, y = sample_tasks(1, 20)
 task = (x[0, :10].double(), y[0, :10].double(), x[0, 10:].double(), y[0, 10:].double())
 
 
+def implicit_meta_loss(theta, adapt, x_support, y_support, x_query, y_query):
+    return loss_fn(adapt(theta, theta, x_support, y_support), x_query, y_query)
+
+
 def unrolled_meta_loss(theta, steps, x_support, y_support, x_query, y_query):
     w, _, _ = fo.inner_loop(inner_objective, theta, inner, [(theta, x_support, y_support)] * steps)
     return loss_fn(w, x_query, y_query)
@@ -168,9 +176,8 @@ def flat(grads):
 
 comparison = []
 for steps in (10, 30, 100):
-    implicit_adapt = make_adapt(steps, cg_iterations=50)
-    implicit = torch.func.grad(lambda th: loss_fn(implicit_adapt(th, th, *task[:2]), *task[2:]))(theta64)
-    unrolled = torch.func.grad(lambda th: unrolled_meta_loss(th, steps, *task))(theta64)
+    implicit = torch.func.grad(implicit_meta_loss)(theta64, make_adapt(steps, cg_iterations=50), *task)
+    unrolled = torch.func.grad(unrolled_meta_loss)(theta64, steps, *task)
     difference = float((flat(implicit) - flat(unrolled)).norm() / flat(unrolled).norm())
     comparison.append((steps, difference))
     print(f"{steps:4d} inner steps: |implicit - unrolled| / |unrolled| = {difference:.1e}")
@@ -185,7 +192,9 @@ fig, axes = plt.subplots(1, 3, figsize=(16, 4))
 window = min(25, len(meta_losses))
 axes[0].plot(meta_losses, alpha=0.3)
 axes[0].plot(torch.tensor(meta_losses).unfold(0, window, 1).mean(1), label="running mean")
-axes[0].set(yscale="log", xlabel="meta-iteration", ylabel="query loss after adaptation", title="meta-training")
+axes[0].set(
+    yscale="log", xlabel="meta-iteration", ylabel="query loss after adaptation", title="meta-training"
+)
 axes[0].legend()
 axes[1].plot([s for s, _ in comparison], [d for _, d in comparison], "o-")
 axes[1].set(xscale="log", yscale="log", xlabel="inner steps", ylabel="relative difference")

@@ -75,7 +75,12 @@ def test_docs_build_without_warnings(tmp_path):
     assert result.returncode == 0 and not warnings, result.stderr[-5000:]
     for page in PAGES:
         assert (out / f"{page}.html").exists(), page
-    for tutorial in ("drop_in_replacement", "lr_sweep_vmap", "maml_sinusoid", "imaml"):  # executed, with plots
+    for tutorial in (
+        "drop_in_replacement",
+        "lr_sweep_vmap",
+        "maml_sinusoid",
+        "imaml",
+    ):  # executed, with plots
         assert "<img" in (out / "tutorials" / f"{tutorial}.html").read_text()
     # the API reference is generated from the docstrings
     assert 'id="funcopt.Optimizer"' in (out / "api.html").read_text()
