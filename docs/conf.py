@@ -7,6 +7,7 @@ are executed by myst-nb at build time, so a stale example fails the build.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -74,6 +75,16 @@ for name in algorithms:
         f".. autoclass:: funcopt.{name}",
         "   :no-index:",
     ]
+# Then the optimizers with no fo.Optimizer class (fo.amsgrad, fo.sam, the schedule-free
+# classes, ...), as their pages under algorithms/ document them.
+listed = {entry.split("funcopt.")[1] for entry in entries if "funcopt." in entry}
+for page in sorted((DOCS / "algorithms").glob("*.md")):
+    for kind, name in re.findall(
+        r"^\.\. auto(function|class):: funcopt\.(\w+)$", page.read_text(), flags=re.M
+    ):
+        if name not in listed and not name.endswith("State"):
+            entries += [f".. auto{kind}:: funcopt.{name}", "   :no-index:"]
+            listed.add(name)
 (DOCS / "_api_algorithms.md").write_text("```{eval-rst}\n" + "\n".join(entries) + "\n```\n")
 exclude_patterns.append("_api_algorithms.md")
 

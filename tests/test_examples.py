@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
-def test_there_are_three_tutorials():
-    assert {p.stem for p in NOTEBOOKS} == {"drop_in_replacement", "lr_sweep_vmap", "maml_sinusoid"}
+def test_there_are_four_tutorials():
+    assert {p.stem for p in NOTEBOOKS} == {"drop_in_replacement", "imaml", "lr_sweep_vmap", "maml_sinusoid"}
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)

@@ -16,8 +16,12 @@ run, rather than return a wrong number:
 - The carry's structure must stay the same from step to step.
 - Eagerly, scan traces its body at every call (seconds). Under ``torch.compile`` the
   initial carry must not alias itself (Adam's one step count shared by all params is
-  copied here), but even so inductor fails in torch 2.13 on a Python-driven body
-  ("DataDependentOutputException: aten._local_scalar_dense"), forward alone included.
+  copied here), and even so inductor fails in torch 2.13 ("DataDependentOutputException:
+  aten._local_scalar_dense", forward alone included): its lowering of scan to a
+  ``while_loop`` reads the loop counter with ``.item()``. With
+  ``torch._dynamo.config.capture_scalar_outputs = True`` it compiles (not as one graph:
+  ``fullgraph=True`` stops at the torch.func check below, which TorchDynamo's tracing
+  trips, and at `_probe`'s ``fork_rng``); docs/long-inner-loops.md has the numbers.
 """
 
 from __future__ import annotations
@@ -102,8 +106,9 @@ def scan_inner_loop(
     The same numbers as ``inner_loop(loss_fn, params, transform, batches)`` with
     ``batches[k] = tuple(x[k] for x in xs)``, differentiable by ``.backward()`` and
     ``torch.autograd.grad`` (second-order meta-gradients included). Under
-    ``torch.compile`` the step would be traced once, whatever K, but in torch 2.13
-    inductor fails on it (see the module's notes); eagerly, torch's scan traces the
+    ``torch.compile`` the step is traced once, whatever K, but torch 2.13's inductor
+    needs ``torch._dynamo.config.capture_scalar_outputs = True`` for it and
+    ``fullgraph=True`` fails (see the module's notes); eagerly, torch's scan traces the
     step at every call, which takes seconds.
 
     Args:
