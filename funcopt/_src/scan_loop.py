@@ -133,7 +133,8 @@ def scan_inner_loop(
             backward, which torch's scan gets wrong).
     """
     check_transformation(transform, "scan_inner_loop")
-    if torch._C._functorch.peek_interpreter_stack() is not None:
+    # (TorchDynamo keeps a transform stack of its own while it traces: no torch.func transform)
+    if not torch.compiler.is_compiling() and torch._C._functorch.peek_interpreter_stack() is not None:
         raise RuntimeError(
             "scan_inner_loop does not run under torch.func transforms (grad, vjp, vmap, jacrev): torch's scan "
             "does not support them. Use fo.inner_loop there, or differentiate with torch.autograd.grad"

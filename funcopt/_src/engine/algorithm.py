@@ -101,6 +101,16 @@ def checking_tensors() -> Iterator[None]:
         _check_tensors = before
 
 
+def _nothing(**_: Any) -> tuple[str, ...]:
+    """The default `creates` of algorithms pickled before they pickled by name (kept for those)."""
+    return ()
+
+
+def _valid(hyperparams: Hyperparams) -> None:
+    """The default `validate` of algorithms pickled before they pickled by name (kept for those)."""
+    return None
+
+
 REGISTRY: dict[str, Algorithm] = {}
 """Every algorithm by its name, as registered when made (the torch face finds the algorithm
 of a torch.optim class here, by the class's name)."""
