@@ -6,53 +6,19 @@ check those claims (float64, 20 steps, relative to the distance travelled)."""
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import os
-import sys
-import types
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+from timm_loader import timm_optimizers
 
 import funcopt as fo
 
-
-def _timm_optim() -> types.SimpleNamespace:
-    """timm's optimizer classes, loaded from its ``timm/optim`` modules alone: ``import
-    timm`` imports torchvision (whose PyPI wheel is built for a CUDA torch), which these
-    modules do not use. CI installs timm with ``pip install --no-deps timm==1.0.31``."""
-    spec = importlib.util.find_spec("timm")  # (finds the package without running its __init__)
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("timm is not installed (pip install --no-deps timm==1.0.31)", allow_module_level=True)
-    root = list(spec.submodule_search_locations)[0]
-    stubs = {"timm": root, "timm.optim": os.path.join(root, "optim")}
-    saved = {name: sys.modules.get(name) for name in stubs}
-    for name, path in stubs.items():  # packages whose __init__ is not run
-        package = types.ModuleType(name)
-        package.__path__ = [path]
-        sys.modules[name] = package
-    try:
-        names = {"lamb": "Lamb", "lars": "Lars", "madgrad": "MADGRAD", "adabelief": "AdaBelief",
-                 "nvnovograd": "NvNovoGrad", "adan": "Adan"}  # fmt: skip
-        return types.SimpleNamespace(
-            **{
-                cls: getattr(importlib.import_module(f"timm.optim.{module}"), cls)
-                for module, cls in names.items()
-            }
-        )
-    finally:
-        for name, module in saved.items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
-
-
-timm_optim = _timm_optim()
+timm_optim = timm_optimizers()
+if timm_optim is None:
+    pytest.skip("timm is not installed (pip install --no-deps timm==1.0.31)", allow_module_level=True)
 
 STEPS = 20
 
