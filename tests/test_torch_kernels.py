@@ -11,6 +11,7 @@ late.
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
@@ -20,7 +21,12 @@ import funcopt as fo
 from funcopt._src.torch import torch_kernels
 
 NAMES = ["Adam", "AdamW", "SGD", "Adagrad"]
-KERNELS = {"Adam": "_fused_adam_", "AdamW": "_fused_adamw_", "SGD": "_fused_sgd_", "Adagrad": "_fused_adagrad_"}
+KERNELS = {
+    "Adam": "_fused_adam_",
+    "AdamW": "_fused_adamw_",
+    "SGD": "_fused_sgd_",
+    "Adagrad": "_fused_adagrad_",
+}
 SHAPES = [(6, 5), (7,), (2, 3, 4), (), (40,)]
 STEPS = 10
 
@@ -40,18 +46,18 @@ def cases() -> list:
     return out
 
 
-def make_params(dtype: torch.dtype, transposed: bool = True) -> list[torch.nn.Parameter]:
+def make_params(dtype: torch.dtype, transposed: bool = True, device: str = "cpu") -> list[torch.nn.Parameter]:
     gen = torch.Generator().manual_seed(0)
-    params = [torch.randn(s, generator=gen, dtype=dtype) for s in SHAPES]
+    params = [torch.randn(s, generator=gen).to(device, dtype) for s in SHAPES]
     if transposed:
-        params.append(torch.randn(4, 6, generator=gen, dtype=dtype).t())
+        params.append(torch.randn(4, 6, generator=gen).to(device, dtype).t())
     return [torch.nn.Parameter(p) for p in params]
 
 
 def set_grads(params: list[torch.nn.Parameter], gen: torch.Generator, scale: float = 1.0) -> None:
     """Random gradients laid out as their params (as autograd lays them out)."""
     for p in params:
-        p.grad = torch.empty_like(p).copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * scale)
+        p.grad = torch.empty_like(p).copy_(torch.randn(p.shape, generator=gen) * scale)
 
 
 def train(opt: torch.optim.Optimizer, params: list, steps: int = STEPS, seed: int = 1) -> None:
@@ -73,7 +79,7 @@ def assert_equal(ours: torch.optim.Optimizer, theirs: torch.optim.Optimizer, ps:
     assert ours.state_dict()["param_groups"] == theirs.state_dict()["param_groups"]
 
 
-def twins(name: str, kwargs: dict, dtype: torch.dtype = torch.float32, **make: bool) -> tuple:
+def twins(name: str, kwargs: dict, dtype: torch.dtype = torch.float32, **make: Any) -> tuple:
     ps, qs = make_params(dtype, **make), make_params(dtype, **make)
     ours = getattr(fo, name)(ps, **copy.deepcopy(kwargs), fused=True)
     theirs = getattr(torch.optim, name)(qs, **copy.deepcopy(kwargs), fused=True)
@@ -106,17 +112,21 @@ def test_bit_for_bit_with_torchs_fused_class(name, kwargs, dtype, monkeypatch):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_grad_scale_and_found_inf_as_torchs(name):
-    """The scale and inf flag as a GradScaler sets them: the kernel unscales the
-    gradients in place; a step with an inf found changes nothing (the counters are set
-    back); a scale of one device steps params of another dtype alike."""
+    scaled_steps_alike(name)
+
+
+def scaled_steps_alike(name: str, device: str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+    """The scale and inf flag as a GradScaler sets them (float32 tensors on the params'
+    device): the kernel unscales the gradients in place; a step with an inf found
+    changes nothing (the counters are set back)."""
     kwargs = {"momentum": 0.9} if name == "SGD" else {"weight_decay": 0.1}
-    ours, theirs, ps, qs = twins(name, kwargs)
+    ours, theirs, ps, qs = twins(name, kwargs, dtype, device=device)
     gens = [torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)]
     for i in range(6):
         for opt, params, gen in zip((ours, theirs), (ps, qs), gens):
             set_grads(params, gen, scale=1024.0)
-            opt.grad_scale = torch.tensor(1024.0)
-            opt.found_inf = torch.tensor(1.0 if i == 3 else 0.0)
+            opt.grad_scale = torch.tensor(1024.0, device=device)
+            opt.found_inf = torch.tensor(1.0 if i == 3 else 0.0, device=device)
             before = copy.deepcopy([p.detach() for p in params])
             opt.step()
             del opt.grad_scale, opt.found_inf

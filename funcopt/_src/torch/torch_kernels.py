@@ -153,19 +153,20 @@ def run(kernel: Kernel, params: list[Tensor], grads: list[Tensor], buffers: list
     if move_lr and isinstance(lr, Tensor) and lr.device.type != "cpu":
         on_device["lr"][lr.device] = lr
     grouped = torch.optim.Optimizer._group_tensors_by_device_and_dtype(lists)  # type: ignore[arg-type]
-    for (device, dtype), (tensors, _) in grouped.items():
+    for (device_, dtype), (tensors_, _) in grouped.items():
+        device, tensors = cast(torch.device, device_), cast(list[list[Tensor]], tensors_)
         device_scale = _to(on_device["scale"], grad_scale, device)
         device_inf = _to(on_device["inf"], found_inf, device)
         device_lr = _to(on_device["lr"], lr, device) if on_device["lr"] else lr
         if steps is not None:
-            torch._foreach_add_(tensors[-1], 1)  # type: ignore[arg-type]
+            torch._foreach_add_(tensors[-1], 1)
         kwargs = {"lr": device_lr, "grad_scale": device_scale, "found_inf": device_inf, **options}
         if kernel is torch._fused_sgd_ and device.type == "cpu" and not _sgd_sound_on_cpu(dtype):
             _widened(kernel, tensors, written, kwargs)
         else:
             kernel(*tensors, **kwargs)
         if steps is not None and device_inf is not None:
-            torch._foreach_sub_(tensors[-1], [device_inf] * len(tensors[-1]))  # type: ignore[arg-type]
+            torch._foreach_sub_(tensors[-1], [device_inf] * len(tensors[-1]))
     for original, copy in back:
         original.copy_(copy)
 
@@ -183,7 +184,9 @@ def _sgd_sound_on_cpu(dtype: torch.dtype) -> bool:
     return bool((p == -1).all())
 
 
-def _widened(kernel: Kernel, tensors: list[list[Tensor]], written: list[bool], kwargs: dict[str, Any]) -> None:
+def _widened(
+    kernel: Kernel, tensors: list[list[Tensor]], written: list[bool], kwargs: dict[str, Any]
+) -> None:
     """`kernel` on float32 copies of `tensors` (params, gradients, buffers of a reduced
     precision), its results rounded back into those it writes: as a sound kernel steps
     them (it computes in float32, and rounds once per stored tensor)."""
