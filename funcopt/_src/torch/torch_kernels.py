@@ -25,19 +25,21 @@ algorithm's math). A compiled step (torch.compile) takes the adapter's traceable
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import torch
 from torch import Tensor
+from torch.optim.optimizer import _device_dtype_check_for_fused
 
+from ..core.base import IS_SPARSE
 from ..engine.algorithm import Algorithm
 from .adapter import Optimizer
 from .fused import _dense
 from .state import _converted
-from .step import _check_fused
 
 Kernel = Callable[..., None]
+States = Mapping[Tensor, dict[str, Any]]
 
 
 class KernelOptimizer(Optimizer):
@@ -60,24 +62,25 @@ class KernelOptimizer(Optimizer):
             return
         if group.get("differentiable"):
             raise RuntimeError("`fused` does not support `differentiable`")
-        _check_fused(params, grads)
+        if any(map(IS_SPARSE, grads)):  # (the devices and dtypes are checked in `run`)
+            raise RuntimeError("`fused` does not support sparse grad or complex param")
         amp = self._kernels_take_amp()
         grad_scale = getattr(self, "grad_scale", None) if amp else None
         found_inf = getattr(self, "found_inf", None) if amp else None
         algorithm = cast(Algorithm, self._transform)
-        states = [self.state[p] for p in params]
         try:
-            STEPS[algorithm.name](group, params, grads, states, grad_scale, found_inf)
+            STEPS[algorithm.name](group, params, grads, self.state, grad_scale, found_inf)
         except RuntimeError as error:  # torch's error names no tensor and no cause
-            converted = _converted(algorithm, params, states)
+            converted = _converted(algorithm, params, [self.state.get(p, {}) for p in params])
             if converted is None:
                 raise
             raise converted from error
 
 
-def adam(group: dict[str, Any], params: list[Tensor], grads: list[Tensor], states: list[dict[str, Any]],
+def adam(group: dict[str, Any], params: list[Tensor], grads: list[Tensor], state: States,
          grad_scale: Tensor | None, found_inf: Tensor | None) -> None:  # fmt: skip
     """torch's ``_fused_adam``: ``_fused_adamw_`` for decoupled weight decay (AdamW)."""
+    states = [state[p] for p in params]
     amsgrad = group["amsgrad"]
     buffers = [
         [s["exp_avg"] for s in states],
@@ -91,15 +94,16 @@ def adam(group: dict[str, Any], params: list[Tensor], grads: list[Tensor], state
         eps=group["eps"], maximize=group["maximize"])  # fmt: skip
 
 
-def adagrad(group: dict[str, Any], params: list[Tensor], grads: list[Tensor], states: list[dict[str, Any]],
+def adagrad(group: dict[str, Any], params: list[Tensor], grads: list[Tensor], state: States,
             grad_scale: Tensor | None, found_inf: Tensor | None) -> None:  # fmt: skip
     """torch's ``_fused_adagrad``."""
+    states = [state[p] for p in params]
     run(torch._fused_adagrad_, params, grads, [[s["sum"] for s in states]], [s["step"] for s in states],
         grad_scale, found_inf, group["lr"], move_lr=True, lr_decay=group["lr_decay"],
         weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"])  # fmt: skip
 
 
-def sgd(group: dict[str, Any], params: list[Tensor], grads: list[Tensor], states: list[dict[str, Any]],
+def sgd(group: dict[str, Any], params: list[Tensor], grads: list[Tensor], state: States,
         grad_scale: Tensor | None, found_inf: Tensor | None) -> None:  # fmt: skip
     """torch's ``_fused_sgd``. A momentum buffer is made at its param's first step, empty
     (the kernel's ``is_first_step`` fills it with the gradient). Where some params of the
@@ -117,6 +121,7 @@ def sgd(group: dict[str, Any], params: list[Tensor], grads: list[Tensor], states
         run(torch._fused_sgd_, params, grads, [[]], None, grad_scale, found_inf, group["lr"], move_lr=False,
             is_first_step=False, **options)  # fmt: skip
         return
+    states = [state[p] for p in params]  # (torch keeps no state without momentum)
     buffers: list[Tensor | None] = [s.get("momentum_buffer") for s in states]
     fresh = [i for i, b in enumerate(buffers) if b is None]
     for first, indices in ((False, [i for i, b in enumerate(buffers) if b is not None]), (True, fresh)):
@@ -153,6 +158,8 @@ def run(kernel: Kernel, params: list[Tensor], grads: list[Tensor], buffers: list
     if move_lr and isinstance(lr, Tensor) and lr.device.type != "cpu":
         on_device["lr"][lr.device] = lr
     grouped = torch.optim.Optimizer._group_tensors_by_device_and_dtype(lists)  # type: ignore[arg-type]
+    for _, (tensors_, _) in grouped.items():  # torch's check and message, before any param changes
+        _device_dtype_check_for_fused(cast(Tensor, tensors_[0][0]))
     for (device_, dtype), (tensors_, _) in grouped.items():
         device, tensors = cast(torch.device, device_), cast(list[list[Tensor]], tensors_)
         device_scale = _to(on_device["scale"], grad_scale, device)
@@ -213,10 +220,10 @@ def _lay_out(columns: list[list[Tensor]], written: list[bool]) -> list[tuple[Ten
     (a strided view), contiguous copies of it and all its tensors. Returns the (tensor,
     copy) pairs to copy back after the kernel: those of the columns the kernel writes."""
     params = columns[0]
-    strides = [p.stride() for p in params]
+    strides = list(map(Tensor.stride, params))
     present = [(column, write) for column, write in zip(columns[1:], written[1:]) if column]
-    if all([t.stride() for t in column] == strides for column, _ in present) and all(
-        [p.is_contiguous() for p in params]
+    if all(list(map(Tensor.stride, column)) == strides for column, _ in present) and all(
+        map(Tensor.is_contiguous, params)
     ):
         return []  # as usual
     back = []
