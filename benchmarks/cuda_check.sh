@@ -54,17 +54,17 @@ if "$PY" -c 'import pytest, expecttest, optree' 2>/dev/null; then
     log "tests: exit $tests; $(tail -1 "$OUT/test_cuda.txt")"
 fi
 
-log "fused_step.py --device cuda (limit 80 s)"
+log "fused_step.py --device $DEVICE (limit 80 s)"
 timeout 80 "$PY" benchmarks/fused_step.py --device $DEVICE --rounds ${ROUNDS:-10} --algorithms Adam,AdamW,SGD,Adagrad,NAdam \
     --write-table "$OUT/fused_step_cuda.md" >"$OUT/fused_step_cuda.txt" 2>&1
 log "fused_step: exit $?"
 
-log "step_time.py --device cuda (limit 70 s)"
+log "step_time.py --device $DEVICE (limit 70 s)"
 timeout 70 "$PY" benchmarks/step_time.py --device $DEVICE --rounds ${ROUNDS:-5} \
     --write-table "$OUT/step_time_cuda.md" >"$OUT/step_time_cuda.txt" 2>&1
 log "step_time: exit $?"
 
-log "step_time.py --device cuda --compiled, Adam and SGD (limit 80 s)"
+log "step_time.py --device $DEVICE --compiled, Adam and SGD (limit 80 s)"
 timeout 80 "$PY" benchmarks/step_time.py --device $DEVICE --rounds ${ROUNDS:-5} --algorithms Adam,SGD --compiled \
     --write-table "$OUT/step_time_cuda_compiled.md" >"$OUT/step_time_cuda_compiled.txt" 2>&1
 log "step_time --compiled: exit $?"
