@@ -69,6 +69,7 @@ def train(opt: torch.optim.Optimizer, params: list, steps: int = STEPS, seed: in
 
 def assert_equal(ours: torch.optim.Optimizer, theirs: torch.optim.Optimizer, ps: list, qs: list) -> None:
     """Params, gradients and state bit for bit; the state dicts alike."""
+    assert len(ours.state) == len(theirs.state)  # (SGD without momentum: none)
     for p, q in zip(ps, qs):
         assert torch.equal(p, q) and torch.equal(p.grad, q.grad)
         assert ours.state[p].keys() == theirs.state[q].keys()
