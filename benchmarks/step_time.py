@@ -208,9 +208,15 @@ def written_back_step(tx: fo.GradientTransformation) -> callable:
     return step
 
 
-def builders(name: str, shapes, device="cpu") -> dict[str, callable]:
+TORCH_FUSED = ("SGD", "Adam", "AdamW", "Adagrad")
+EXTRA = ("torch foreach", "torch fused", "torch compiled")
+"""torch's steps that the adapter's is also shown against, one by one, where timed."""
+
+
+def builders(name: str, shapes, device="cpu", compiled: bool = False) -> dict[str, callable]:
     """For each contender, a function that creates it (its own params and state) and
-    returns its step."""
+    returns its step. On a GPU, torch's fused step too (where torch has one), and with
+    `compiled` torch.compile of torch's foreach step (it compiles in the warm-up)."""
 
     def adapter_like(make):
         return lambda: make(make_trainable(shapes, device)).step
@@ -226,20 +232,27 @@ def builders(name: str, shapes, device="cpu") -> dict[str, callable]:
 
         return step
 
-    return {
+    made = {
         "torch": adapter_like(lambda ps: getattr(torch.optim, name)(ps, foreach=False)),
         "torch foreach": adapter_like(lambda ps: getattr(torch.optim, name)(ps, foreach=True)),
         "funcopt adapter": adapter_like(lambda ps: getattr(fo, name)(ps)),
         "funcopt functional": pure,
     }
+    if torch.device(device).type != "cpu" and name in TORCH_FUSED:
+        made["torch fused"] = adapter_like(lambda ps: getattr(torch.optim, name)(ps, fused=True))
+    if compiled:
+        made["torch compiled"] = lambda: torch.compile(
+            getattr(torch.optim, name)(make_trainable(shapes, device), foreach=True).step
+        )
+    return made
 
 
 def contenders(
-    name: str, shapes, device="cpu", reverse: bool = False, functional: bool = True
+    name: str, shapes, device="cpu", reverse: bool = False, functional: bool = True, compiled: bool = False
 ) -> dict[str, callable]:
     """Each contender owns its params and state; calling it performs one step. They are
     created, and later run, in this order, or in the reverse one."""
-    made = builders(name, shapes, device)
+    made = builders(name, shapes, device, compiled)
     if not functional:
         del made["funcopt functional"]
     labels = list(made)[::-1] if reverse else list(made)
@@ -268,13 +281,16 @@ def interleaved(fns: dict, rounds: int, warmup: int = 2, sync=lambda: None) -> d
     return {k: statistics.median(v) for k, v in measure(fns, rounds, warmup, sync).items()}
 
 
-def timed(name: str, shapes, device: str, rounds: int, sync=lambda: None) -> dict[str, float]:
+def timed(
+    name: str, shapes, device: str, rounds: int, sync=lambda: None, compiled: bool = False
+) -> dict[str, float]:
     """Median step times, pooled over two sittings that create and run the contenders in
     opposite orders: within one process, the contender created first measured up to 10%
     slower than the same code created later (300 tiny tensors), which favours the others."""
     times: dict[str, list[float]] = {}
     for reverse in (False, True):
-        for label, ts in measure(contenders(name, shapes, device, reverse), rounds, sync=sync).items():
+        steps = contenders(name, shapes, device, reverse, compiled=compiled)
+        for label, ts in measure(steps, rounds, sync=sync).items():
             times.setdefault(label, []).extend(ts)
     return {label: statistics.median(ts) for label, ts in times.items()}
 
@@ -325,6 +341,7 @@ def main() -> None:
     parser.add_argument("--models", action="store_true", help="also time the adapter on model-shaped sets")
     parser.add_argument("--model-step", help=argparse.SUPPRESS)  # ALGORITHM:MODEL, run by --models
     parser.add_argument("--write-table", metavar="PATH", help="also write the table as Markdown to PATH")
+    parser.add_argument("--compiled", action="store_true", help="also time torch.compile of torch's step")
     args = parser.parse_args()
     if args.model_step:
         model_step(*args.model_step.split(":", 1), args.device, args.rounds)
@@ -349,8 +366,13 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     rows = []
+    # ratios to each of torch's steps, on a GPU (where torch has fused steps) or with --compiled
+    columns = [
+        label for label in EXTRA if torch.device(args.device).type != "cpu" or label == "torch compiled"
+    ]
+    columns = [label for label in columns if label != "torch compiled" or args.compiled]
     for name in args.algorithms.split(","):
-        t = timed(name, shapes, args.device, args.rounds, sync)
+        t = timed(name, shapes, args.device, args.rounds, sync, compiled=args.compiled)
         best = min(t["torch"], t["torch foreach"])
         tt = timed(name, tiny, args.device, args.rounds * 4, sync)
         tiny_best = min(tt["torch"], tt["torch foreach"])
@@ -360,6 +382,15 @@ def main() -> None:
             f"**{t['funcopt adapter'] / best:.2f}x**", f"**{t['funcopt functional'] / best:.2f}x**",
             f"{tiny_best * 1e3:.2f}", f"{tt['funcopt adapter'] * 1e3:.2f}", f"**{tt['funcopt adapter'] / tiny_best:.2f}x**",
         ])  # fmt: skip
+        extra = [label for label in EXTRA if label in t]
+        rows[-1] += [
+            f"**{t['funcopt adapter'] / t[label]:.2f}x**" if label in t else "-" for label in columns
+        ]
+        if extra:
+            print(
+                "  adapter / "
+                + ", ".join(f"{label}: {t['funcopt adapter'] / t[label]:.2f}x" for label in extra)
+            )
         print(
             f"{name:10} {t['torch'] * 1e3:7.1f}ms {t['torch foreach'] * 1e3:7.1f}ms "
             f"{t['funcopt adapter'] * 1e3:7.1f}ms {t['funcopt functional'] * 1e3:9.1f}ms  "
@@ -374,7 +405,7 @@ def main() -> None:
         header = [
             "algorithm", "torch ms", "torch foreach ms", "adapter ms", "functional ms", "adapter / torch",
             "functional / torch", "300 tiny: torch ms", "adapter ms", "adapter / torch",
-        ]  # fmt: skip
+        ] + [f"adapter / {label}" for label in columns]  # fmt: skip
         note = (
             f"{len(shapes)} float32 tensors, {numel / 1e6:.1f}M elements; medians of {2 * args.rounds} "
             f"interleaved rounds ({4 * 2 * args.rounds} on the tiny tensors); ratios to torch's faster step."

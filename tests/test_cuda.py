@@ -7,6 +7,13 @@
   CPU, agrees with the same computation on the CPU; so do plain autograd and
   forward-mode AD through CUDA steps.
 - torch.compile (inductor, so Triton kernels) of the pure step and of the adapter's step.
+- fused=True for Adam, AdamW, SGD and Adagrad (torch's own CUDA kernels) bit for bit with
+  torch's fused classes, with a GradScaler's scale and inf flag too.
+- The whole step of each capturable class (and of the fused ones) recorded once in a
+  CUDA graph and replayed for 10 steps equals the eager steps; the functional update
+  under torch.compile(mode="reduce-overhead") compiles once.
+
+benchmarks/cuda_check.sh runs these tests and the CUDA benchmarks on a lent GPU.
 """
 
 from __future__ import annotations
@@ -271,3 +278,140 @@ def test_capturable_step_replays_in_a_cuda_graph(name):  # (torch's Adagrad take
     # within the capturable schedule's float32 rounding (Adam's and AdamW's, as torch's
     # capturable steps, are 2e-6 off torch's default step on the CPU after five steps)
     assert_same(our_params, ref_params, rtol=1e-5, atol=1e-5)
+
+
+# -- fused=True by torch's kernels, CUDA graphs, reduce-overhead ------------------------
+
+KERNEL_NAMES = ["Adam", "AdamW", "SGD", "Adagrad"]
+REPLAYS = 10
+
+
+def kernel_cases() -> list:
+    """torch's CUDA options (capturable, tensor lr, ...) for the classes with torch
+    kernels, with fused=True."""
+    out = []
+    for name in KERNEL_NAMES:
+        for i in INFOS[name].optim_inputs_func("cuda"):
+            kwargs = {k: v for k, v in i.kwargs.items() if k not in ("foreach", "differentiable")}
+            out.append(pytest.param(name, {**kwargs, "fused": True}, id=f"{name}-{i.desc}"))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+@pytest.mark.parametrize("name,kwargs", kernel_cases() if CUDA else [])
+def test_torch_kernels_bit_for_bit_on_cuda(name, kwargs, dtype, monkeypatch):
+    """fused=True calls torch's CUDA kernel, once a step, with torch's fused class's
+    results bit for bit (params, gradients, state)."""
+    import test_torch_kernels as tk
+
+    kwargs = {k: v for k, v in kwargs.items() if k != "fused"}
+    ours, theirs, ps, qs = tk.twins(name, kwargs, dtype, device="cuda")
+    calls = tk.counting(monkeypatch, name)
+    tk.train(ours, ps)
+    assert len(calls) == tk.STEPS
+    tk.train(theirs, qs)
+    tk.assert_equal(ours, theirs, ps, qs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("name", KERNEL_NAMES)
+def test_torch_kernels_take_grad_scale_and_found_inf_on_cuda(name, dtype):
+    import test_torch_kernels as tk
+
+    tk.scaled_steps_alike(name, "cuda", dtype)
+
+
+def capturable_cases() -> list:
+    """Each class that takes capturable, with it; and the classes with torch kernels,
+    fused (torch's fused steps are capturable)."""
+    out = [pytest.param(n, {"capturable": True}, id=n) for n in ALGORITHMS if takes(n, "capturable")]
+    out += [pytest.param(n, {"fused": True}, id=f"{n}-fused") for n in KERNEL_NAMES]
+    return out
+
+
+@pytest.mark.parametrize("name,flags", capturable_cases())
+def test_whole_step_in_a_cuda_graph_equals_eager(name, flags):
+    """The whole step recorded once in a torch.cuda.CUDAGraph and replayed for 10 steps
+    (new gradients copied into the recorded ones) gives the eager steps' params and state
+    bit for bit: the step reads nothing on the host."""
+    gen = torch.Generator().manual_seed(0)
+    base = [p.cuda() for p in make_params(torch.float32)]
+    grads = [[torch.randn(p.shape, generator=gen).cuda() for p in base] for _ in range(REPLAYS + 1)]
+    kwargs = {"lr": 0.01, **weight_decay(name, 0.05), **flags}
+    if name == "SGD":
+        kwargs["momentum"] = 0.9
+    results = []
+    for captured in (True, False):
+        params = trainable(base, differentiable=False)
+        opt = fo_cls(name)(params, **kwargs)
+        for p, g in zip(params, grads[0]):
+            p.grad = g.clone()
+        side = torch.cuda.Stream()  # the warm-up step (it makes the state) on a side stream
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            opt.step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        if captured:
+            with torch.cuda.graph(graph):
+                opt.step()
+        for gs in grads[1:]:
+            for p, g in zip(params, gs):
+                p.grad.copy_(g)
+            if captured:
+                graph.replay()
+            else:
+                opt.step()
+        torch.cuda.synchronize()
+        results.append(([p.detach() for p in params], opt.state_dict()["state"]))
+    assert_same(results[0], results[1], rtol=0, atol=0)
+
+
+def copied(tree):
+    """Copies of a tree's tensors, one of a tensor that several leaves share (as the
+    state's counters): a CUDA graph's outputs are overwritten by its next replay."""
+    import optree
+
+    copies: dict[int, torch.Tensor] = {}
+
+    def copy_of(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in copies:
+            copies[id(t)] = t.clone()
+        return copies[id(t)]
+
+    return optree.tree_map(copy_of, tree)
+
+
+def reduce_overhead_steps(name: str, device: str, steps: int = 5) -> tuple:
+    """(params, state) after `steps` steps of the functional update compiled with
+    ``torch.compile(mode="reduce-overhead", fullgraph=True)`` (CUDA graphs on a GPU),
+    a recompile after the first failing; the same eager; and the graphs compiled."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    tx = factory(name)(lr=0.01, **weight_decay(name, 0.05))
+
+    def update(grads, state, params):
+        updates, state = tx.update(grads, state, params)
+        return fo.apply_updates(params, updates), state
+
+    compiled = torch.compile(update, mode="reduce-overhead", fullgraph=True)
+    gen = torch.Generator().manual_seed(0)
+    base = [p.to(device).contiguous() for p in make_params(torch.float32)]  # as the updated params
+    comp_p, comp_s, eager_p, eager_s = base, tx.init(base), base, tx.init(base)
+    for i in range(steps):
+        grads = [torch.randn(p.shape, generator=gen).to(device) for p in base]
+        eager_p, eager_s = update(grads, eager_s, eager_p)
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            comp_p, comp_s = compiled(grads, comp_s, comp_p)
+        comp_p, comp_s = copied((comp_p, comp_s))
+    return (comp_p, comp_s), (eager_p, eager_s), torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+@pytest.mark.parametrize("name", [n for n in ALGORITHMS if takes(n, "capturable")])
+def test_functional_update_under_reduce_overhead_compiles_once(name):
+    (comp_p, comp_s), (eager_p, eager_s), graphs = reduce_overhead_steps(name, "cuda")
+    assert graphs == 1
+    assert_same(comp_p, eager_p, rtol=1e-5, atol=1e-6)
+    assert_same(list(comp_s), list(eager_s), rtol=1e-5, atol=1e-6)

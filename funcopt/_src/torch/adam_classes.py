@@ -16,6 +16,7 @@ from ..engine.bounds import Hyperparams
 from ..engine.leaves import scalar_dtype
 from .adapter import Optimizer
 from .fused import fused_flag, refuse
+from .torch_kernels import KernelOptimizer
 
 
 def user_capturable(optimizer: Optimizer, group: dict[str, Any]) -> bool:
@@ -48,13 +49,12 @@ def _check_betas(betas: Any, *, foreach: bool | None, capturable: bool) -> None:
 _TENSOR_LR_FOREACH = "lr as a Tensor is not supported for capturable=False and foreach=True"
 
 
-class Adam(Optimizer):
+class Adam(KernelOptimizer):
     """Drop-in ``torch.optim.Adam``: same arguments, state keys and ``state_dict``
     format, running funcopt's `adam` math in place. ``fused=True`` is accepted where
     torch accepts it: the state's ``step`` is then a float32 tensor on the param's
     device, and a ``torch.amp.GradScaler`` hands the step its scale and inf flag, as
-    with torch's fused class; on the CPU each param steps with one compiled kernel
-    (see ``fused.py``), equal to the default step up to float rounding."""
+    with torch's fused class, whose kernels it calls (see ``torch_kernels.py``)."""
 
     _algorithm = ADAM
 

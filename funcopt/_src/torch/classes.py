@@ -22,6 +22,7 @@ from ..algorithms.sgd import SGD_
 from ..engine.bounds import Hyperparams
 from .adapter import Optimizer
 from .fused import fused_flag
+from .torch_kernels import KernelOptimizer
 
 
 class Adadelta(Optimizer):
@@ -88,7 +89,7 @@ class Adafactor(Optimizer):
         )
 
 
-class Adagrad(Optimizer):
+class Adagrad(KernelOptimizer):
     """Drop-in ``torch.optim.Adagrad``: same arguments, state keys and ``state_dict``
     format (its state is created at construction, as torch does), running funcopt's
     `adagrad` math in place."""
@@ -348,7 +349,7 @@ class Rprop(Optimizer):
         )
 
 
-class SGD(Optimizer):
+class SGD(KernelOptimizer):
     """Drop-in ``torch.optim.SGD``: same arguments, state keys and ``state_dict`` format,
     running funcopt's `sgd` math in place."""
 
