@@ -9,10 +9,14 @@ opposite orders, and prints the medians and their ratio. The references:
 - ``prodigyopt.Prodigy`` for `fo.Prodigy`; ``dadaptation.DAdaptAdam(decouple=True)``
   for `fo.DAdaptAdamW`; ``schedulefree``'s classes for `fo.AdamWScheduleFree` and
   `fo.SGDScheduleFree` (each in train mode);
-- timm's Lamb, Lion and Adan are not run (timm needs torchvision, which this
-  environment cannot install): these classes, and the others with no reference
-  package, are timed against ``torch.optim.AdamW(foreach=True)``, a yardstick of what
-  an Adam-like step costs, not a reference.
+- timm's classes (loaded from its optimizer modules alone, see ``tests/timm_loader.py``;
+  install timm with ``pip install --no-deps timm==1.0.31``) for `fo.Lamb`, `fo.Lion`,
+  `fo.Adan`, `fo.Lars`, `fo.AdaBelief`, `fo.NAdamW`, `fo.MADGRAD`, `fo.NovoGrad` and
+  `fo.Adopt`, with the options under which they compute the same method (no gradient
+  clipping, no rectification); the numbers differ where the algorithm pages say;
+- the classes with no reference package are timed against
+  ``torch.optim.AdamW(foreach=True)``, a yardstick of what an Adam-like step costs,
+  not a reference.
 
 Target (issue 64): at most 1.0x the reference package's step.
 
@@ -34,7 +38,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from step_time import MODELS, benchmark_shapes, make_trainable, markdown_table, measure, write_table  # noqa: E402
+from timm_loader import timm_optimizers  # noqa: E402
 
 import funcopt as fo  # noqa: E402
 
@@ -45,12 +51,15 @@ CLASSES: dict[str, tuple[dict[str, Any], tuple[str, str, dict[str, Any]]]] = {
     "DAdaptAdamW": ({"weight_decay": 0.01}, ("dadaptation", "DAdaptAdam", {"decouple": True})),
     "AdamWScheduleFree": ({"lr": 1e-3, "weight_decay": 0.01}, ("schedulefree", "AdamWScheduleFree", {})),
     "SGDScheduleFree": ({"lr": 0.1, "weight_decay": 0.01}, ("schedulefree", "SGDScheduleFree", {})),
-    "Lamb": ({"lr": 1e-3, "weight_decay": 0.01}, ADAMW),
-    "Lion": ({"lr": 1e-4, "weight_decay": 0.01}, ADAMW),
-    "Adan": ({"lr": 1e-3, "weight_decay": 0.01}, ADAMW),
-    "Lars": ({"lr": 0.1, "weight_decay": 0.01}, ADAMW),
-    "AdaBelief": ({"lr": 1e-3}, ADAMW),
-    "NAdamW": ({"lr": 1e-3}, ADAMW),
+    "Lamb": ({"lr": 1e-3, "weight_decay": 0.01}, ("timm", "Lamb", {"max_grad_norm": None})),
+    "Lion": ({"lr": 1e-4, "weight_decay": 0.01}, ("timm", "Lion", {})),
+    "Adan": ({"lr": 1e-3, "weight_decay": 0.01}, ("timm", "Adan", {"no_prox": True})),
+    "Lars": ({"lr": 0.1, "weight_decay": 0.01}, ("timm", "Lars", {"momentum": 0.9})),
+    "AdaBelief": ({"lr": 1e-3}, ("timm", "AdaBelief", {"rectify": False})),
+    "NAdamW": ({"lr": 1e-3}, ("timm", "NAdamW", {})),
+    "MADGRAD": ({"lr": 1e-3}, ("timm", "MADGRAD", {})),
+    "NovoGrad": ({"lr": 1e-3}, ("timm", "NvNovoGrad", {})),
+    "Adopt": ({"lr": 1e-3}, ("timm", "Adopt", {})),
     "AdEMAMix": ({"lr": 1e-3}, ADAMW),
 }
 
@@ -65,7 +74,13 @@ def builders(name: str, shapes: list[tuple[int, ...]]) -> dict[str, Callable[[],
     """The two contenders of `name`, each a function that creates it (its own params,
     gradients and state) and returns its step."""
     kwargs, (module, cls, extra) = CLASSES[name]
-    reference_cls = getattr(importlib.import_module(module), cls)
+    if module == "timm":
+        timm = timm_optimizers()
+        if timm is None:
+            raise SystemExit("timm is not installed: pip install --no-deps timm==1.0.31")
+        reference_cls = getattr(timm, cls)
+    else:
+        reference_cls = getattr(importlib.import_module(module), cls)
     ref_kwargs = (
         {**kwargs, **extra} if module != "torch.optim" else {"lr": 1e-3, "weight_decay": 0.01, **extra}
     )
@@ -149,7 +164,7 @@ def main() -> None:
         header = ["class", "reference", "reference ms", "funcopt ms", "funcopt / reference"]
         note = (
             f"{len(shapes)} float32 tensors, {numel / 1e6:.1f}M elements; medians of {2 * args.rounds} interleaved "
-            "rounds. timm (Lamb, Lion, Adan) is not installable here: torch.optim.AdamW(foreach=True) is a yardstick."
+            "rounds. torch.optim.AdamW(foreach=True) is a yardstick, not a reference."
         )
         write_table(args.write_table, markdown_table(header, rows), note=note)
 
