@@ -420,7 +420,7 @@ class Optimizer(torch.optim.Optimizer):
         if group.get("fused"):
             _check_fused(params, grads)
         if group.get("capturable") and not torch.compiler.is_compiling():
-            _check_capturable(params)
+            _check_capturable(params, getattr(self._transform, "name", ""))
         hyperparams = self._group_hyperparams(group)
         algorithm = self._transform if isinstance(self._transform, Algorithm) else None
         if algorithm is None:

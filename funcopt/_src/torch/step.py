@@ -293,12 +293,19 @@ def _check_fused(params: list[Tensor], grads: list[Tensor]) -> None:
         raise RuntimeError("`fused` does not support sparse grad or complex param")
 
 
-def _check_capturable(params: list[Tensor]) -> None:
+_CAPTURABLE_TENSORS = {
+    "NAdam": "params, mu_products and state_steps",
+    "ASGD": "params, mus, etas, and state_steps",
+}
+"""What torch's capturable check names, where it names more than the params and steps
+(its single-tensor step's words)."""
+
+
+def _check_capturable(params: list[Tensor], name: str = "") -> None:
     devices = ["cuda", "xpu", "hpu", torch._C._get_privateuse1_backend_name(), "xla"]
     if any(p.device.type not in devices for p in params):
-        raise AssertionError(
-            f"If capturable=True, params and state_steps must be on supported devices: {devices}."
-        )
+        tensors = _CAPTURABLE_TENSORS.get(name, "params and state_steps")
+        raise AssertionError(f"If capturable=True, {tensors} must be on supported devices: {devices}.")
 
 
 def _check_shapes(algorithm: Algorithm, p: Tensor, g: Tensor, buffers: Sequence[Tensor | None]) -> None:
