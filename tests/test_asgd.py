@@ -12,6 +12,7 @@ from torch.func import grad, vmap
 import funcopt as fo
 from funcopt._src.algorithms.asgd import ASGD_
 from funcopt._src.torch.knobs import knobs
+from funcopt._src.torch.state import torch_state
 
 
 def _steps(base, n, seed=1):
@@ -68,7 +69,7 @@ def test_counters_on_the_params_device():
     """torch keeps step, eta and mu on the param's device (the meta device stands in for
     a GPU here), and each as a 0-d tensor of its scalar dtype."""
     p = torch.empty(3, device="meta")
-    state = ASGD_.torch_state(p, {"lr": 0.01}, on_device=knobs(ASGD_).counters_on_device, fused=False)
+    state = torch_state(ASGD_, p, {"lr": 0.01}, on_device=knobs(ASGD_).counters_on_device, fused=False)
     assert [(k, v.device.type, v.dim()) for k, v in state.items()] == [
         ("step", "meta", 0),
         ("eta", "meta", 0),

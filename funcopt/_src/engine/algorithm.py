@@ -62,7 +62,6 @@ from ..core.base import (
     a_kind,
     as_complex,
     as_real,
-    dtype_name,
     flatten_together,
     readable,
     real_dtype,
@@ -76,12 +75,13 @@ from .bounds import Bound, Hyperparams, normalize
 from .leaves import (
     _keep,
     check_param,
+    device_error,
     group_by,
     initial_buffer,
+    mismatch_error,
     rows,
     same_batched,
     scalar_dtype,
-    torch_counter,
 )
 from .ops import Pure, PureForEach, TensorList, nonzero
 
@@ -278,7 +278,9 @@ class Algorithm:
         try:
             updates, new_columns = self.update_leaves(hyperparams, p_leaves, g_leaves, columns)
         except RuntimeError as error:  # torch's device error names no tensor: name the leaf
-            mixed = self._device_error(p_leaves, g_leaves, columns)
+            mixed = device_error(
+                self.name, self.buffer_fields, p_leaves, g_leaves, columns[len(self.counters) :]
+            )
             if mixed is None:
                 raise
             raise mixed from error
@@ -481,7 +483,7 @@ class Algorithm:
         shape, dtype = g.shape, g.dtype
         for t in (p, *(buffers if self.buffers_like_param else ())):
             if t is not None and (t.shape != shape or t.dtype != dtype):
-                raise self._mismatch_error(i, p, g, buffers)
+                raise mismatch_error(self.name, self.buffer_fields, i, p, g, buffers)
         return g.is_sparse
 
     def _run_schedule(
@@ -533,46 +535,6 @@ class Algorithm:
     def buffer_fields(self) -> tuple[str, ...]:
         """The state's fields that are per-param buffers (not counters)."""
         return self.fields[len(self.counters) :]
-
-    def _mismatch_error(
-        self, i: int, p: Tensor | None, g: Tensor, buffers: Sequence[Tensor | None]
-    ) -> ValueError:
-        """Shapes that differ would broadcast: the update, the new state and then the
-        param would silently take another shape. Dtypes that differ would fail inside the
-        math with an error that names no tensor, or promote the update."""
-        what = "shapes" if any(t is not None and t.shape != g.shape for t in (p, *buffers)) else "dtypes"
-        show = (lambda t: tuple(t.shape)) if what == "shapes" else dtype_name
-        named = self._named(g, p, buffers)
-        return ValueError(
-            f"{self.name} update: the {what} of leaf {i} differ "
-            f"({', '.join(f'{name} {show(t)}' for name, t in named if t is not None)}). "
-            "Pass the gradients of these params, and a state that init made from them."
-        )
-
-    def _named(self, g: Tensor | None, p: Tensor | None, buffers: Sequence[Any]) -> list[tuple[str, Any]]:
-        """A leaf's gradient, param and buffers, with the names the errors give them."""
-        return [("gradient", g), ("param", p), *zip(self.fields[len(self.counters) :], buffers)]
-
-    def _device_error(
-        self,
-        p_leaves: Sequence[Tensor | None],
-        g_leaves: Sequence[Tensor | None],
-        columns: Sequence[Sequence[Any]],
-    ) -> ValueError | None:
-        """The error for the first leaf whose gradient, param and state tensors are on
-        different devices (torch's own names no tensor), or None if there is none."""
-        k = len(self.counters)  # counters may live elsewhere: they are read on the host
-        for i, (p, g) in enumerate(zip(p_leaves, g_leaves)):
-            named = self._named(g, p, [column[i] for column in columns[k:]])
-            devices = {str(t.device) for _, t in named if isinstance(t, Tensor)}
-            if g is not None and len(devices) > 1:
-                return ValueError(
-                    f"{self.name} update: the tensors of leaf {i} are on different devices ("
-                    + ", ".join(f"{name} {t.device}" for name, t in named if isinstance(t, Tensor))
-                    + "). Put the gradients, params and state on one device: init a state from "
-                    "params already moved, or move a state with optree.tree_map(lambda t: t.to(device), state)."
-                )
-        return None
 
     def _schedule(
         self,
@@ -642,22 +604,3 @@ class Algorithm:
         )
         back = as_complex if gs[0].is_complex() else lambda t: t
         return [back(t) for t in out], [None if b is None else [back(t) for t in b] for b in new]
-
-    # -- torch.optim's per-param state ----------------------------------------
-
-    def torch_state(
-        self, p: Tensor, hyperparams: Hyperparams, *, on_device: bool, fused: bool
-    ) -> dict[str, Tensor]:
-        """A param's state as torch.optim creates it: counters are 0-d tensors on the CPU
-        (on the param's device if capturable or fused), buffers are shaped like `p`."""
-        initial = self.initial(**hyperparams)
-        k = len(self.counters)
-        state = {
-            name: torch_counter(v, p, on_device=on_device, fused=fused)
-            for name, v in zip(self.fields[:k], initial[:k])
-        }
-        for name, v in zip(self.fields[k:], initial[k:]):
-            buffer = initial_buffer(p, v)
-            if buffer is not None:  # absent: torch has no such key (yet)
-                state[name] = buffer
-        return state

@@ -140,3 +140,51 @@ def check_param(name: str, i: int, p: Any) -> None:
             "gradient step can update; leave it out of the params (such as BatchNorm's "
             "num_batches_tracked), or put None in its place"
         )
+
+
+def _named(
+    fields: Sequence[str], g: Tensor | None, p: Tensor | None, buffers: Sequence[Any]
+) -> list[tuple[str, Any]]:
+    """A leaf's gradient, param and buffers, with the names the errors give them."""
+    return [("gradient", g), ("param", p), *zip(fields, buffers)]
+
+
+def mismatch_error(
+    name: str, fields: Sequence[str], i: int, p: Tensor | None, g: Tensor, buffers: Sequence[Tensor | None]
+) -> ValueError:
+    """The error for leaf i of algorithm `name`, whose param or buffers (named by `fields`)
+    are shaped or typed unlike its gradient. Shapes that differ would broadcast: the
+    update, the new state and then the param would silently take another shape. Dtypes
+    that differ would fail inside the math with an error that names no tensor, or
+    promote the update."""
+    what = "shapes" if any(t is not None and t.shape != g.shape for t in (p, *buffers)) else "dtypes"
+    show = (lambda t: tuple(t.shape)) if what == "shapes" else dtype_name
+    named = _named(fields, g, p, buffers)
+    return ValueError(
+        f"{name} update: the {what} of leaf {i} differ "
+        f"({', '.join(f'{n} {show(t)}' for n, t in named if t is not None)}). "
+        "Pass the gradients of these params, and a state that init made from them."
+    )
+
+
+def device_error(
+    name: str,
+    fields: Sequence[str],
+    p_leaves: Sequence[Tensor | None],
+    g_leaves: Sequence[Tensor | None],
+    buffer_columns: Sequence[Sequence[Any]],
+) -> ValueError | None:
+    """The error for the first leaf whose gradient, param and buffers (named by `fields`)
+    are on different devices (torch's own names no tensor), or None if there is none.
+    The counters are not compared: they may live elsewhere (they are read on the host)."""
+    for i, (p, g) in enumerate(zip(p_leaves, g_leaves)):
+        named = _named(fields, g, p, [column[i] for column in buffer_columns])
+        devices = {str(t.device) for _, t in named if isinstance(t, Tensor)}
+        if g is not None and len(devices) > 1:
+            return ValueError(
+                f"{name} update: the tensors of leaf {i} are on different devices ("
+                + ", ".join(f"{n} {t.device}" for n, t in named if isinstance(t, Tensor))
+                + "). Put the gradients, params and state on one device: init a state from "
+                "params already moved, or move a state with optree.tree_map(lambda t: t.to(device), state)."
+            )
+    return None

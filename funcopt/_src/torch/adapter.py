@@ -65,6 +65,7 @@ from .state import (
     _slots,
     _stored,
     _what,
+    torch_state,
 )
 from .step import _check_capturable, _check_fused, _copies_for_autograd, _listings, _step_in_place, _step_pure
 
@@ -360,7 +361,8 @@ class Optimizer(torch.optim.Optimizer):
                 hyperparams = normalize(
                     {k: group.get(k, v) for k, v in hyperparams.items()}, self._transform.pairs
                 )
-            return self._transform.torch_state(
+            return torch_state(
+                self._transform,
                 p,
                 hyperparams,
                 on_device=counters_on_device(self._transform, group),

@@ -29,7 +29,7 @@ from ..engine.bounds import normalize
 from ..engine.leaves import torch_counter
 from .adapter import IMPLEMENTATION_FLAGS, Optimizer
 from .knobs import counters_on_device, knobs
-from .state import _slots, _stored
+from .state import _slots, _stored, torch_state
 
 __all__ = ["functional_state", "load_functional_state"]
 
@@ -231,8 +231,12 @@ class _Face:
             return self.optimizer._new_state(p, group)
         assert self.algorithm is not None
         source = group if knobs(self.algorithm).initial_from_group else self.optimizer.defaults
-        state: dict[str, Any] = self.algorithm.torch_state(
-            p, self.hyperparams(source), on_device=self.on_device(group), fused=bool(group.get("fused"))
+        state: dict[str, Any] = torch_state(
+            self.algorithm,
+            p,
+            self.hyperparams(source),
+            on_device=self.on_device(group),
+            fused=bool(group.get("fused")),
         )
         for name in _PYTHON_COUNTERS.get(self.algorithm.name, ()):
             state[name] = 0

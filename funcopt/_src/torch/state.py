@@ -17,6 +17,7 @@ from ..core.base import (
 )
 from ..engine.algorithm import Algorithm
 from ..engine.bounds import Hyperparams
+from ..engine.leaves import initial_buffer, torch_counter
 from ..transforms.inject import InjectHyperparamsState
 
 
@@ -211,3 +212,21 @@ def _copy_into(old: Tensor, new: Tensor) -> None:
         # tensor must be written: a compiled step guards on its identity.
         old, new = old.view(1), new.view(1)
     old.copy_(new)
+
+
+def torch_state(
+    algorithm: Algorithm, p: Tensor, hyperparams: Hyperparams, *, on_device: bool, fused: bool
+) -> dict[str, Tensor]:
+    """A param's state as torch.optim creates it: counters are 0-d tensors on the CPU (on
+    the param's device if capturable or fused), buffers are shaped like `p`."""
+    initial = algorithm.initial(**hyperparams)
+    k = len(algorithm.counters)
+    state = {
+        name: torch_counter(v, p, on_device=on_device, fused=fused)
+        for name, v in zip(algorithm.fields[:k], initial[:k])
+    }
+    for name, v in zip(algorithm.buffer_fields, initial[k:]):
+        buffer = initial_buffer(p, v)
+        if buffer is not None:  # absent: torch has no such key (yet)
+            state[name] = buffer
+    return state
