@@ -416,7 +416,7 @@ def test_capturable_step_rounds_its_bias_corrections_as_torch(name, kwargs, monk
         "_get_capturable_supported_devices",
         lambda supports_xla=True: ["cpu"],
     )
-    monkeypatch.setattr(adapter, "_check_capturable", lambda params: None)
+    monkeypatch.setattr(adapter, "_check_capturable", lambda params, name="": None)
     base, grads = params_and_grads(torch.float64)
     (ref, _), (ours, _) = twin_steps(name, {**kwargs, "capturable": True}, base, grads)
     assert_same(ours, ref, rtol=1e-8, atol=1e-10)

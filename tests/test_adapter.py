@@ -720,7 +720,7 @@ def test_capturable_step_reads_nothing_on_the_host(name, monkeypatch):
                 opt.step()
         return list(m.parameters())
 
-    monkeypatch.setattr(adapter, "_check_capturable", lambda params: None)
+    monkeypatch.setattr(adapter, "_check_capturable", lambda params, name="": None)
     ours = twin_step(fo_cls(name), capturable=True, forbid=True)
     # The same math as torch's: its capturable step (a GPU's; here with the device check
     # of torch's step functions lifted too), which computes some schedules from the float32

@@ -220,7 +220,7 @@ def test_capturable_step_computes_its_schedule_as_torch(kwargs, monkeypatch):
         "_get_capturable_supported_devices",
         lambda supports_xla=True: ["cpu"],
     )
-    monkeypatch.setattr(adapter, "_check_capturable", lambda params: None)
+    monkeypatch.setattr(adapter, "_check_capturable", lambda params, name="": None)
     base_, grads = params_and_grads(F64)
     kwargs = {**kwargs, "capturable": True}
     assert_same(
