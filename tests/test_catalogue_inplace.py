@@ -105,7 +105,22 @@ def _old_adabelief(lr, betas, eps, eps_root):
     return fo.adabelief(lr, b1=betas[0], b2=betas[1], eps=eps, eps_root=eps_root)
 
 
+def _old_yogi(lr, betas, eps):
+    return fo.yogi(lr, b1=betas[0], b2=betas[1], eps=eps)
+
+
+def _old_nadamw(lr, betas, eps, weight_decay):
+    return fo.nadamw(lr, b1=betas[0], b2=betas[1], eps=eps, weight_decay=weight_decay)
+
+
+def _old_signum(lr, momentum):
+    return fo.signum(lr, beta=momentum)
+
+
 OLD = {
+    "Yogi": (_old_yogi, dict(lr=0.01, betas=(0.9, 0.999), eps=1e-3)),
+    "NAdamW": (_old_nadamw, dict(lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)),
+    "Signum": (_old_signum, dict(lr=0.01, momentum=0.9)),
     "AdaBelief": (_old_adabelief, dict(lr=0.01, betas=(0.9, 0.999), eps=1e-16, eps_root=1e-16)),
     "Lamb": (_old_lamb, dict(lr=0.01, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.1)),
     "Adan": (_old_adan, dict(lr=0.01, betas=(0.98, 0.92, 0.99), eps=1e-8, weight_decay=0.1, eps_root=1e-8)),
@@ -136,3 +151,36 @@ def test_an_earlier_state_dict_loads(name):
     for a, b in zip(new_ps, old_ps):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)
     assert not old_keys & set(new.state[new_ps[0]]) - {"exp_avg", "exp_avg_sq", "grad_sum", "params0"}
+
+
+# each moved class against the earlier one (fo.Optimizer over optax's chain), options away
+# from the defaults, every option of the constructor
+AWAY = {
+    "Yogi": [dict(lr=0.03, betas=(0.8, 0.95), eps=1e-2)],
+    "NAdamW": [dict(lr=0.03, betas=(0.8, 0.95), eps=1e-3, weight_decay=0.0),
+               dict(lr=0.03, betas=(0.8, 0.95), eps=1e-3, weight_decay=0.2)],
+    "Signum": [dict(lr=0.03, momentum=0.5), dict(lr=0.03, momentum=0.0)],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+@pytest.mark.parametrize("name, kwargs", [(n, k) for n in AWAY for k in [{}, *AWAY[n]]], ids=lambda x: str(x))
+def test_a_moved_class_steps_as_the_earlier_one(name, kwargs, foreach):
+    """10 steps of the in-place class equal the earlier class's (optax's chain) to float64
+    round-off, with its defaults and with each option away from them."""
+    factory, defaults = OLD[name]
+    old_ps, new_ps = params(), params()
+    old = fo.Optimizer(old_ps, factory, **{**_class_defaults(name), **kwargs})
+    new = getattr(fo, name)(new_ps, **kwargs, foreach=foreach)
+    run(old, old_ps, range(10))
+    run(new, new_ps, range(10))
+    for a, b in zip(new_ps, old_ps):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+def _class_defaults(name: str) -> dict[str, Any]:
+    """The class's constructor arguments with their defaults (torch's switches left out)."""
+    import inspect
+
+    parameters = list(inspect.signature(getattr(fo, name)).parameters.values())[1:]
+    return {p.name: p.default for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD}

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..catalogue.adaptive import momo
-from ..catalogue.aliases import lars, nadamw, novograd, polyak_sgd, signum, sm3, yogi
+from ..catalogue.aliases import lars, novograd, polyak_sgd, sm3
 from ..catalogue.contrib import ademamix, adopt, madgrad
 from ..core.base import GradientTransformation
 from .adapter import Optimizer
@@ -22,12 +22,9 @@ __all__ = [
     "Lars",
     "MADGRAD",
     "Momo",
-    "NAdamW",
     "NovoGrad",
     "PolyakSGD",
     "SM3",
-    "Signum",
-    "Yogi",
 ]
 
 ParamsT = Iterable[Any]
@@ -92,25 +89,6 @@ class Lars(Optimizer):
         )  # fmt: skip
 
 
-def _yogi(lr: Any, betas: Any, eps: Any) -> GradientTransformation:
-    return yogi(lr, b1=betas[0], b2=betas[1], eps=eps)
-
-
-class Yogi(Optimizer):
-    """Yogi (Zaheer et al. 2018) as `fo.yogi`.
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> opt = fo.Yogi(torch.nn.Linear(2, 1).parameters(), lr=1e-2)
-    """
-
-    def __init__(
-        self, params: ParamsT, lr: float = 1e-2, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-3
-    ) -> None:
-        _check(lr, eps, 0.0, betas)
-        super().__init__(params, _yogi, lr=lr, betas=tuple(betas), eps=eps)
-
-
 def _novograd(lr: Any, betas: Any, eps: Any, weight_decay: Any) -> GradientTransformation:
     return novograd(lr, b1=betas[0], b2=betas[1], eps=eps, weight_decay=weight_decay)
 
@@ -133,31 +111,6 @@ class NovoGrad(Optimizer):
     ) -> None:
         _check(lr, eps, weight_decay, betas)
         super().__init__(params, _novograd, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
-
-
-def _nadamw(lr: Any, betas: Any, eps: Any, weight_decay: Any) -> GradientTransformation:
-    return nadamw(lr, b1=betas[0], b2=betas[1], eps=eps, weight_decay=weight_decay)
-
-
-class NAdamW(Optimizer):
-    """NAdamW as optax's `fo.nadamw` (Dozat's Nesterov Adam with decoupled weight decay;
-    torch's ``NAdam(decoupled_weight_decay=True)`` adds a momentum-decay schedule).
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> opt = fo.NAdamW(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
-    """
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 1e-4,
-    ) -> None:
-        _check(lr, eps, weight_decay, betas)
-        super().__init__(params, _nadamw, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
 
 
 def _adopt(lr: Any, betas: Any, eps: Any) -> GradientTransformation:
@@ -314,20 +267,3 @@ class SM3(Optimizer):
     def __init__(self, params: ParamsT, lr: float = 0.1, momentum: float = 0.9) -> None:
         _check(lr, 0.0, 0.0, (momentum,))
         super().__init__(params, _sm3, lr=lr, momentum=momentum)
-
-
-def _signum(lr: Any, momentum: Any) -> GradientTransformation:
-    return signum(lr, beta=momentum)
-
-
-class Signum(Optimizer):
-    """Signum (Bernstein et al. 2018) as `fo.signum` (``momentum`` is its ``beta``).
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> opt = fo.Signum(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
-    """
-
-    def __init__(self, params: ParamsT, lr: float = 1e-3, momentum: float = 0.9) -> None:
-        _check(lr, 0.0, 0.0, (momentum,))
-        super().__init__(params, _signum, lr=lr, momentum=momentum)

@@ -11,17 +11,18 @@ from typing import Any
 import torch
 from torch.optim.optimizer import ParamsT
 
+from ..algorithms.catalogue_more import NADAMW, SIGNUM, YOGI
 from ..algorithms.lamb_adan import ADABELIEF, ADAN, LAMB
 from .adapter import Optimizer
 from .fused import fused_flag
 
-__all__ = ["AdaBelief", "Adan", "Lamb"]
+__all__ = ["AdaBelief", "Adan", "Lamb", "NAdamW", "Signum", "Yogi"]
 
 
 class _RenamesOldKeys(Optimizer):
     """Loads a state_dict of the earlier class too: `fo.Optimizer` over optax's chain,
     whose state keys were the chain's (``'0.mu'``); the step count becomes torch's float
-    ``step``."""
+    ``step``. A key mapped to ``""`` is dropped (a count the new state does not keep)."""
 
     old_keys: dict[str, str] = {}
 
@@ -36,6 +37,8 @@ class _RenamesOldKeys(Optimizer):
         new = {}
         for key, value in state.items():
             name = self.old_keys.get(key, key)
+            if not name:
+                continue
             new[name] = value.to(torch.float32) if name == "step" else value
         return new
 
@@ -168,4 +171,101 @@ class AdaBelief(_RenamesOldKeys):
             capturable=capturable,
             differentiable=differentiable,
             **fused_flag(fused),
+        )
+
+
+# ---------------------------------------------------------------- issue 64: the catalogue's others
+
+
+def _switches(
+    foreach: bool | None, capturable: bool, differentiable: bool, fused: bool | None
+) -> dict[str, Any]:
+    """torch's implementation switches, as `fo.Optimizer` takes them."""
+    return dict(foreach=foreach, capturable=capturable, differentiable=differentiable, **fused_flag(fused))
+
+
+class Yogi(_RenamesOldKeys):
+    """Yogi (Zaheer et al. 2018) as `fo.yogi` (optax's math: the second moment starts
+    at 1e-6). State keys: ``step``, ``exp_avg``, ``exp_avg_sq``.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> opt = fo.Yogi(torch.nn.Linear(2, 1).parameters(), lr=1e-2)
+    """
+
+    old_keys = {"0.count": "step", "0.mu": "exp_avg", "0.nu": "exp_avg_sq"}
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-2,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-3,
+        *,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+    ) -> None:
+        super().__init__(
+            params, YOGI, lr=lr, betas=tuple(betas), eps=eps,
+            **_switches(foreach, capturable, differentiable, fused),
+        )  # fmt: skip
+
+
+class NAdamW(_RenamesOldKeys):
+    """NAdamW as optax's `fo.nadamw` (Dozat's Nesterov Adam with decoupled weight decay;
+    torch's ``NAdam(decoupled_weight_decay=True)`` adds a momentum-decay schedule).
+    State keys: ``step``, ``exp_avg``, ``exp_avg_sq``.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> opt = fo.NAdamW(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
+    """
+
+    old_keys = {"0.count": "step", "0.mu": "exp_avg", "0.nu": "exp_avg_sq"}
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-4,
+        *,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+    ) -> None:
+        super().__init__(
+            params, NADAMW, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+            **_switches(foreach, capturable, differentiable, fused),
+        )  # fmt: skip
+
+
+class Signum(_RenamesOldKeys):
+    """Signum (Bernstein et al. 2018) as `fo.signum` (``momentum`` is its ``beta``): the
+    sign of an EMA of the gradients. State key: ``momentum_buffer``.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> opt = fo.Signum(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
+    """
+
+    old_keys = {"0.count": "", "0.ema": "momentum_buffer"}
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        momentum: float = 0.9,
+        *,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+    ) -> None:
+        super().__init__(
+            params, SIGNUM, lr=lr, momentum=momentum, **_switches(foreach, capturable, differentiable, fused)
         )
