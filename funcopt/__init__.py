@@ -23,7 +23,7 @@ from ._src.algorithms.adagrad import AdagradState, adagrad
 from ._src.algorithms.adam import AdamState, AdamWState, adam, adamw
 from ._src.algorithms.adamax import AdamaxState, adamax
 from ._src.algorithms.asgd import ASGDState, asgd
-from ._src.algorithms.catalogue_more import NAdamWState, SignumState, YogiState
+from ._src.algorithms.catalogue_more import AdEMAMixState, AdoptState, NAdamWState, SignumState, YogiState
 from ._src.algorithms.lamb_adan import AdaBeliefState, AdanState, LambState
 from ._src.algorithms.lbfgs import LBFGSState, lbfgs
 from ._src.algorithms.lion import LionState, lion
@@ -54,7 +54,7 @@ from ._src.torch import catalogue_classes as _catalogue_classes
 from ._src.torch.adam_classes import Adam, AdamW, RAdam, SparseAdam
 from ._src.torch.adapter import Optimizer
 from ._src.torch.catalogue_classes import *  # noqa: F403
-from ._src.torch.catalogue_inplace import AdaBelief, Adan, Lamb, NAdamW, Signum, Yogi
+from ._src.torch.catalogue_inplace import AdaBelief, Adan, AdEMAMix, Adopt, Lamb, NAdamW, Signum, Yogi
 from ._src.torch.classes import (
     ASGD,
     SGD,
@@ -188,6 +188,10 @@ __all__ = [
     "LambState",
     "Prodigy",
     # issue 64: the catalogue's other classes on the in-place path, and their states
+    "AdEMAMix",
+    "AdEMAMixState",
+    "Adopt",
+    "AdoptState",
     "NAdamW",
     "NAdamWState",
     "Signum",

@@ -117,7 +117,19 @@ def _old_signum(lr, momentum):
     return fo.signum(lr, beta=momentum)
 
 
+def _old_adopt(lr, betas, eps):
+    return fo.adopt(lr, b1=betas[0], b2=betas[1], eps=eps)
+
+
+def _old_ademamix(lr, betas, alpha, eps, weight_decay):
+    return fo.ademamix(
+        lr, b1=betas[0], b2=betas[1], b3=betas[2], alpha=alpha, eps=eps, weight_decay=weight_decay
+    )
+
+
 OLD = {
+    "Adopt": (_old_adopt, dict(lr=0.01, betas=(0.9, 0.9999), eps=1e-6)),
+    "AdEMAMix": (_old_ademamix, dict(lr=0.01, betas=(0.9, 0.999, 0.9999), alpha=5.0, eps=1e-8, weight_decay=0.1)),
     "Yogi": (_old_yogi, dict(lr=0.01, betas=(0.9, 0.999), eps=1e-3)),
     "NAdamW": (_old_nadamw, dict(lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)),
     "Signum": (_old_signum, dict(lr=0.01, momentum=0.9)),
@@ -156,6 +168,9 @@ def test_an_earlier_state_dict_loads(name):
 # each moved class against the earlier one (fo.Optimizer over optax's chain), options away
 # from the defaults, every option of the constructor
 AWAY = {
+    "Adopt": [dict(lr=0.03, betas=(0.8, 0.95), eps=1e-2)],
+    "AdEMAMix": [dict(lr=0.03, betas=(0.8, 0.95, 0.99), alpha=2.0, eps=1e-3, weight_decay=0.0),
+                 dict(lr=0.03, betas=(0.8, 0.95, 0.99), alpha=2.0, eps=1e-3, weight_decay=0.2)],
     "Yogi": [dict(lr=0.03, betas=(0.8, 0.95), eps=1e-2)],
     "NAdamW": [dict(lr=0.03, betas=(0.8, 0.95), eps=1e-3, weight_decay=0.0),
                dict(lr=0.03, betas=(0.8, 0.95), eps=1e-3, weight_decay=0.2)],

@@ -9,6 +9,7 @@ functional face), equal to those chains to round-off (tests/test_catalogue_inpla
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import torch
@@ -16,10 +17,14 @@ from torch import Tensor
 
 from ..core.base import Params
 from ..engine.algorithm import Algorithm
-from ..engine.bounds import Bound
+from ..engine.bounds import Bound, Hyperparams
 from ..engine.ops import Coef, Ops, nonzero, power
 
 __all__ = [
+    "ADEMAMIX",
+    "ADOPT",
+    "AdEMAMixState",
+    "AdoptState",
     "NADAMW",
     "SIGNUM",
     "YOGI",
@@ -188,4 +193,109 @@ SIGNUM = Algorithm(
     schedule=_signum_schedule,
     elementwise=_signum_math,
     bounds=_bounds(weight_decay=False, momentum=True),  # no eps: its bound checks nothing
+)
+
+
+# ---------------------------------------------------------------- ADOPT
+
+
+class AdoptState(NamedTuple):
+    """ADOPT's per-param state: the step count and its two moments (the authors' keys)."""
+
+    step: Params
+    exp_avg: Params
+    exp_avg_sq: Params
+
+
+def _adopt_initial(**_: Any) -> AdoptState:
+    return AdoptState(step=0.0, exp_avg=0.0, exp_avg_sq=0.0)
+
+
+def _adopt_schedule(step: Coef, *, lr: Coef, betas: tuple[Coef, Coef], **_: Any) -> tuple[tuple[Coef], tuple]:
+    """The first step only sets the second moment (its momentum weight is 0, the second
+    moment's 1); the normalized gradient is clipped to ``step**0.25`` (optax's
+    ``clip_value_fn`` at the steps taken before)."""
+    started = _started(step)
+    beta1, beta2 = betas
+    return (step + 1,), (-lr, (1 - beta1) * started, beta2 * started, step**0.25)
+
+
+def _adopt_math(
+    o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
+    coefficients: tuple[Coef, ...], *, eps: Coef, **_: Any,
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:  # fmt: skip
+    neg_lr, weight1, beta2, clip = coefficients
+    normalized = o.div(g, o.clamp_(o.sqrt(exp_avg_sq), eps, math.inf))  # by the previous moment
+    normalized = o.clamp_(normalized, -clip, clip)
+    exp_avg = o.lerp_(exp_avg, normalized, weight1)
+    exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), g, g, value=1 - beta2)
+    out = o.add_(out, exp_avg, alpha=neg_lr)
+    return out, (exp_avg, exp_avg_sq)
+
+
+ADOPT = Algorithm(
+    name="Adopt",
+    state=AdoptState,
+    counters=("step",),
+    initial=_adopt_initial,
+    schedule=_adopt_schedule,
+    elementwise=_adopt_math,
+    bounds=_bounds(0, 1, weight_decay=False),
+)
+
+
+# ---------------------------------------------------------------- AdEMAMix
+
+
+class AdEMAMixState(NamedTuple):
+    """AdEMAMix's per-param state: the step count, the fast and slow EMAs of the gradient
+    and the second moment (the authors' keys)."""
+
+    step: Params
+    exp_avg_fast: Params
+    exp_avg_slow: Params
+    exp_avg_sq: Params
+
+
+def _ademamix_initial(**_: Any) -> AdEMAMixState:
+    return AdEMAMixState(step=0.0, exp_avg_fast=0.0, exp_avg_slow=0.0, exp_avg_sq=0.0)
+
+
+def _ademamix_math(
+    o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg_fast: Tensor, exp_avg_slow: Tensor,
+    exp_avg_sq: Tensor, coefficients: tuple[Coef, Coef, Coef], *, betas: tuple[Coef, Coef, Coef],
+    alpha: Coef, eps: Coef, weight_decay: Coef, **_: Any,
+) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:  # fmt: skip
+    neg_lr, bc1, bc2 = coefficients
+    beta1, beta2, beta3 = betas
+    exp_avg_fast = o.lerp_(exp_avg_fast, g, 1 - beta1)
+    exp_avg_slow = o.lerp_(exp_avg_slow, g, 1 - beta3)
+    exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), g, g, value=1 - beta2)
+    denom = o.add_(o.sqrt_(o.div(exp_avg_sq, bc2)), eps)
+    update = o.div_(o.add_(o.div(exp_avg_fast, bc1), exp_avg_slow, alpha=alpha), denom)
+    if nonzero(weight_decay):
+        update = o.add_(update, p, alpha=weight_decay)
+    out = o.add_(out, update, alpha=neg_lr)
+    return out, (exp_avg_fast, exp_avg_slow, exp_avg_sq)
+
+
+def _check_three_betas(hyperparams: Hyperparams) -> None:
+    """torch's check of each beta (Python numbers only: a tensor may be traced)."""
+    betas = hyperparams.get("betas", ())
+    if not isinstance(betas, (tuple, list)) or len(betas) != 3:
+        raise ValueError(f"AdEMAMix: betas must be a triple (b1, b2, b3), got {betas!r}")
+    for i, beta in enumerate(betas):
+        if not isinstance(beta, Tensor) and not 0.0 <= beta < 1.0:
+            raise ValueError(f"Invalid beta parameter at index {i}: {beta}")
+
+
+ADEMAMIX = Algorithm(
+    name="AdEMAMix",
+    state=AdEMAMixState,
+    counters=("step",),
+    initial=_ademamix_initial,
+    schedule=_adam_schedule,  # -lr and the bias corrections of betas[0], betas[1]
+    elementwise=_ademamix_math,
+    bounds=_bounds(),  # betas is a triple, which the bounds' pairs cannot index: see validate
+    validate=_check_three_betas,
 )

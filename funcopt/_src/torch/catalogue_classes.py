@@ -12,13 +12,11 @@ from typing import Any
 
 from ..catalogue.adaptive import momo
 from ..catalogue.aliases import lars, novograd, polyak_sgd, sm3
-from ..catalogue.contrib import ademamix, adopt, madgrad
+from ..catalogue.contrib import madgrad
 from ..core.base import GradientTransformation
 from .adapter import Optimizer
 
 __all__ = [
-    "AdEMAMix",
-    "Adopt",
     "Lars",
     "MADGRAD",
     "Momo",
@@ -111,54 +109,6 @@ class NovoGrad(Optimizer):
     ) -> None:
         _check(lr, eps, weight_decay, betas)
         super().__init__(params, _novograd, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
-
-
-def _adopt(lr: Any, betas: Any, eps: Any) -> GradientTransformation:
-    return adopt(lr, b1=betas[0], b2=betas[1], eps=eps)
-
-
-class Adopt(Optimizer):
-    """ADOPT (Taniguchi et al. 2024) as `fo.adopt`.
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> opt = fo.Adopt(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
-    """
-
-    def __init__(
-        self, params: ParamsT, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.9999), eps: float = 1e-6
-    ) -> None:
-        _check(lr, eps, 0.0, betas)
-        super().__init__(params, _adopt, lr=lr, betas=tuple(betas), eps=eps)
-
-
-def _ademamix(lr: Any, betas: Any, alpha: Any, eps: Any, weight_decay: Any) -> GradientTransformation:
-    return ademamix(
-        lr, b1=betas[0], b2=betas[1], b3=betas[2], alpha=alpha, eps=eps, weight_decay=weight_decay
-    )
-
-
-class AdEMAMix(Optimizer):
-    """AdEMAMix (Pagliardini et al. 2024) as `fo.ademamix`, ``betas=(b1, b2, b3)``.
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> opt = fo.AdEMAMix(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
-    """
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float = 1e-3,
-        betas: tuple[float, float, float] = (0.9, 0.999, 0.9999),
-        alpha: float = 5.0,
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-    ) -> None:
-        _check(lr, eps, weight_decay, betas)
-        super().__init__(
-            params, _ademamix, lr=lr, betas=tuple(betas), alpha=alpha, eps=eps, weight_decay=weight_decay
-        )
 
 
 def _madgrad(lr: Any, momentum: Any, weight_decay: Any, eps: Any) -> GradientTransformation:

@@ -11,12 +11,12 @@ from typing import Any
 import torch
 from torch.optim.optimizer import ParamsT
 
-from ..algorithms.catalogue_more import NADAMW, SIGNUM, YOGI
+from ..algorithms.catalogue_more import ADEMAMIX, ADOPT, NADAMW, SIGNUM, YOGI
 from ..algorithms.lamb_adan import ADABELIEF, ADAN, LAMB
 from .adapter import Optimizer
 from .fused import fused_flag
 
-__all__ = ["AdaBelief", "Adan", "Lamb", "NAdamW", "Signum", "Yogi"]
+__all__ = ["AdEMAMix", "AdaBelief", "Adan", "Adopt", "Lamb", "NAdamW", "Signum", "Yogi"]
 
 
 class _RenamesOldKeys(Optimizer):
@@ -269,3 +269,73 @@ class Signum(_RenamesOldKeys):
         super().__init__(
             params, SIGNUM, lr=lr, momentum=momentum, **_switches(foreach, capturable, differentiable, fused)
         )
+
+
+class Adopt(_RenamesOldKeys):
+    """ADOPT (Taniguchi et al. 2024) as `fo.adopt` (optax.contrib's math: the gradient
+    normalized by the previous second moment, clipped to ``step**0.25``, then momentum;
+    the first step only sets the second moment). State keys: ``step``, ``exp_avg``,
+    ``exp_avg_sq``.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> opt = fo.Adopt(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
+    """
+
+    old_keys = {"0.count": "step", "0.mu": "exp_avg", "0.nu": "exp_avg_sq"}
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.9999),
+        eps: float = 1e-6,
+        *,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+    ) -> None:
+        super().__init__(
+            params, ADOPT, lr=lr, betas=tuple(betas), eps=eps,
+            **_switches(foreach, capturable, differentiable, fused),
+        )  # fmt: skip
+
+
+class AdEMAMix(_RenamesOldKeys):
+    """AdEMAMix (Pagliardini et al. 2024) as `fo.ademamix`, ``betas=(b1, b2, b3)``
+    (optax.contrib's math: Adam's step plus ``alpha`` times a slow EMA of rate ``b3``,
+    with decoupled weight decay). State keys: ``step``, ``exp_avg_fast``,
+    ``exp_avg_slow``, ``exp_avg_sq``.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> opt = fo.AdEMAMix(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
+    """
+
+    old_keys = {
+        "0.count": "step",
+        "0.count_m2": "",  # the count again (b3 and alpha are no schedules here)
+        "0.m1": "exp_avg_fast",
+        "0.m2": "exp_avg_slow",
+        "0.nu": "exp_avg_sq",
+    }
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float, float] = (0.9, 0.999, 0.9999),
+        alpha: float = 5.0,
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        *,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+    ) -> None:
+        super().__init__(
+            params, ADEMAMIX, lr=lr, betas=tuple(betas), alpha=alpha, eps=eps, weight_decay=weight_decay,
+            **_switches(foreach, capturable, differentiable, fused),
+        )  # fmt: skip
