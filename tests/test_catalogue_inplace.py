@@ -127,7 +127,26 @@ def _old_ademamix(lr, betas, alpha, eps, weight_decay):
     )
 
 
+def _old_lars(lr, momentum, weight_decay, trust_coefficient, eps, nesterov):
+    return fo.lars(
+        lr, weight_decay=weight_decay, trust_coefficient=trust_coefficient, eps=eps, momentum=momentum,
+        nesterov=nesterov,
+    )  # fmt: skip
+
+
+def _old_novograd(lr, betas, eps, weight_decay):
+    return fo.novograd(lr, b1=betas[0], b2=betas[1], eps=eps, weight_decay=weight_decay)
+
+
+def _old_madgrad(lr, momentum, weight_decay, eps):
+    return fo.madgrad(lr, momentum=momentum, weight_decay=weight_decay, eps=eps)
+
+
 OLD = {
+    "Lars": (_old_lars, dict(lr=0.1, momentum=0.9, weight_decay=0.1, trust_coefficient=0.001, eps=0.0,
+                             nesterov=False)),
+    "NovoGrad": (_old_novograd, dict(lr=0.01, betas=(0.9, 0.25), eps=1e-6, weight_decay=0.1)),
+    "MADGRAD": (_old_madgrad, dict(lr=0.01, momentum=0.9, weight_decay=0.1, eps=1e-6)),
     "Adopt": (_old_adopt, dict(lr=0.01, betas=(0.9, 0.9999), eps=1e-6)),
     "AdEMAMix": (_old_ademamix, dict(lr=0.01, betas=(0.9, 0.999, 0.9999), alpha=5.0, eps=1e-8, weight_decay=0.1)),
     "Yogi": (_old_yogi, dict(lr=0.01, betas=(0.9, 0.999), eps=1e-3)),
@@ -168,6 +187,12 @@ def test_an_earlier_state_dict_loads(name):
 # each moved class against the earlier one (fo.Optimizer over optax's chain), options away
 # from the defaults, every option of the constructor
 AWAY = {
+    "Lars": [dict(lr=0.3, momentum=0.5, weight_decay=0.0, trust_coefficient=0.01, eps=1e-3),
+             dict(lr=0.3, momentum=0.5, weight_decay=0.2, trust_coefficient=0.01, eps=1e-3, nesterov=True)],
+    "NovoGrad": [dict(lr=0.03, betas=(0.8, 0.5), eps=1e-3, weight_decay=0.0),
+                 dict(lr=0.03, betas=(0.8, 0.5), eps=1e-3, weight_decay=0.2)],
+    "MADGRAD": [dict(lr=0.03, momentum=0.5, weight_decay=0.0, eps=1e-3),
+                dict(lr=0.03, momentum=0.0, weight_decay=0.2, eps=1e-3)],
     "Adopt": [dict(lr=0.03, betas=(0.8, 0.95), eps=1e-2)],
     "AdEMAMix": [dict(lr=0.03, betas=(0.8, 0.95, 0.99), alpha=2.0, eps=1e-3, weight_decay=0.0),
                  dict(lr=0.03, betas=(0.8, 0.95, 0.99), alpha=2.0, eps=1e-3, weight_decay=0.2)],

@@ -21,6 +21,12 @@ from ..engine.bounds import Bound, Hyperparams
 from ..engine.ops import Coef, Ops, nonzero, power
 
 __all__ = [
+    "LARS",
+    "MADGRAD",
+    "NOVOGRAD",
+    "LarsState",
+    "MADGRADState",
+    "NovoGradState",
     "ADEMAMIX",
     "ADOPT",
     "AdEMAMixState",
@@ -171,7 +177,7 @@ def _signum_initial(**_: Any) -> SignumState:
     return SignumState(momentum_buffer=0.0)
 
 
-def _signum_schedule(*, lr: Coef, **_: Any) -> tuple[tuple, tuple]:
+def _lr_schedule(*, lr: Coef, **_: Any) -> tuple[tuple, tuple]:
     return (), (-lr,)
 
 
@@ -190,7 +196,7 @@ SIGNUM = Algorithm(
     state=SignumState,
     counters=(),
     initial=_signum_initial,
-    schedule=_signum_schedule,
+    schedule=_lr_schedule,
     elementwise=_signum_math,
     bounds=_bounds(weight_decay=False, momentum=True),  # no eps: its bound checks nothing
 )
@@ -298,4 +304,169 @@ ADEMAMIX = Algorithm(
     elementwise=_ademamix_math,
     bounds=_bounds(),  # betas is a triple, which the bounds' pairs cannot index: see validate
     validate=_check_three_betas,
+)
+
+
+# ---------------------------------------------------------------- LARS
+
+
+class LarsState(NamedTuple):
+    """LARS's per-param state: the momentum, of the updates after the trust ratio and the
+    learning rate (optax's ``trace``)."""
+
+    momentum_buffer: Params
+
+
+def _lars_initial(**_: Any) -> LarsState:
+    return LarsState(momentum_buffer=0.0)
+
+
+def _lars_ratio(param_norm: Coef, update_norm: Coef, trust_coefficient: Coef, eps: Coef) -> Coef:
+    """``trust_coefficient * |p| / (|u| + eps)``, or 1 where either norm is 0 (optax's
+    `scale_by_trust_ratio`)."""
+    if isinstance(param_norm, Tensor) or isinstance(update_norm, Tensor):
+        zero = (param_norm == 0) | (update_norm == 0)
+        return torch.where(zero, 1.0, trust_coefficient * param_norm / (update_norm + eps))
+    if param_norm == 0 or update_norm == 0:
+        return 1.0
+    return trust_coefficient * param_norm / (update_norm + eps)
+
+
+def _lars_math(
+    o: Ops, out: Tensor | None, p: Tensor, g: Tensor, momentum_buffer: Tensor, coefficients: tuple[Coef],
+    *, momentum: Coef, weight_decay: Coef, trust_coefficient: Coef, eps: Coef, nesterov: bool, **_: Any,
+) -> tuple[Tensor, tuple[Tensor]]:  # fmt: skip
+    (neg_lr,) = coefficients
+    update = o.add(g, p, alpha=weight_decay) if nonzero(weight_decay) else g
+    norms = o.item(torch.linalg.vector_norm(p)), o.item(torch.linalg.vector_norm(update))
+    scale = neg_lr * _lars_ratio(*norms, trust_coefficient, eps)
+    momentum_buffer = o.add_(o.mul_(momentum_buffer, momentum), update, alpha=scale)
+    if nesterov:
+        out = o.add_(o.add_(out, momentum_buffer, alpha=momentum), update, alpha=scale)
+    else:
+        out = o.add_(out, momentum_buffer)
+    return out, (momentum_buffer,)
+
+
+LARS = Algorithm(
+    name="Lars",
+    state=LarsState,
+    counters=(),
+    initial=_lars_initial,
+    schedule=_lr_schedule,
+    elementwise=_lars_math,
+    bounds=_bounds(momentum=True),
+    per_element=False,  # the trust ratio: norms of the param and its update
+)
+
+
+# ---------------------------------------------------------------- NovoGrad
+
+
+class NovoGradState(NamedTuple):
+    """NovoGrad's per-param state: the step count, the momentum and the second moment of
+    the gradient's norm (one number per param, a 0-d tensor)."""
+
+    step: Params
+    exp_avg: Params
+    exp_avg_sq: Params
+
+
+def _scalar_like(p: Tensor) -> Tensor:
+    """A param's 0-d buffer, 0, in its dtype and on its device."""
+    return torch.zeros((), dtype=p.dtype, device=p.device)
+
+
+def _novograd_initial(**_: Any) -> NovoGradState:
+    return NovoGradState(step=0.0, exp_avg=0.0, exp_avg_sq=_scalar_like)
+
+
+def _novograd_schedule(
+    step: Coef, *, lr: Coef, betas: tuple[Coef, Coef], **_: Any
+) -> tuple[tuple[Coef], tuple]:
+    # the first step sets the second moment to the squared norm (weight 1, not 1 - b2)
+    return (step + 1,), (-lr, 1 - betas[1] * _started(step))
+
+
+def _novograd_math(
+    o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
+    coefficients: tuple[Coef, Coef], *, betas: tuple[Coef, Coef], eps: Coef, weight_decay: Coef, **_: Any,
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:  # fmt: skip
+    neg_lr, weight2 = coefficients
+    norm = torch.linalg.vector_norm(g)
+    exp_avg_sq = o.lerp_(exp_avg_sq, norm * norm, weight2)
+    step = o.div(g, o.add_(o.sqrt(exp_avg_sq), eps))
+    if nonzero(weight_decay):
+        step = o.add_(step, p, alpha=weight_decay)
+    exp_avg = o.add_(o.mul_(exp_avg, betas[0]), step)  # the first step: the step itself
+    out = o.add_(out, exp_avg, alpha=neg_lr)
+    return out, (exp_avg, exp_avg_sq)
+
+
+NOVOGRAD = Algorithm(
+    name="NovoGrad",
+    state=NovoGradState,
+    counters=("step",),
+    initial=_novograd_initial,
+    schedule=_novograd_schedule,
+    elementwise=_novograd_math,
+    bounds=_bounds(0, 1),
+    per_element=False,  # the second moment of each gradient's norm
+    buffers_like_param=False,  # that second moment: one number per param
+)
+
+
+# ---------------------------------------------------------------- MADGRAD
+
+
+class MADGRADState(NamedTuple):
+    """MADGRAD's per-param state: the step count, the weighted sums of the squared
+    gradients and of the gradients, and the initial param (the authors' keys)."""
+
+    step: Params
+    grad_sum_sq: Params
+    s: Params
+    x0: Params
+
+
+def _clone(p: Tensor) -> Tensor:
+    return torch.clone(p, memory_format=torch.preserve_format)
+
+
+def _madgrad_initial(**_: Any) -> MADGRADState:
+    return MADGRADState(step=0.0, grad_sum_sq=0.0, s=0.0, x0=_clone)
+
+
+def _madgrad_schedule(step: Coef, *, lr: Coef, eps: Coef, **_: Any) -> tuple[tuple[Coef], tuple]:
+    """The weight ``(lr + eps) * sqrt(k + 1)`` of the k-th step (from 0), in double
+    precision (optax rounds ``sqrt(k + 1)`` to float32)."""
+    root = torch.sqrt(step + 1) if isinstance(step, Tensor) else math.sqrt(step + 1)
+    return (step + 1,), ((lr + eps) * root,)
+
+
+def _madgrad_math(
+    o: Ops, out: Tensor | None, p: Tensor, g: Tensor, grad_sum_sq: Tensor, s: Tensor, x0: Tensor,
+    coefficients: tuple[Coef], *, momentum: Coef, weight_decay: Coef, eps: Coef, **_: Any,
+) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:  # fmt: skip
+    (weight,) = coefficients
+    if nonzero(weight_decay):  # optax's add_decayed_weights, before the step
+        g = o.add(g, p, alpha=weight_decay)
+    grad_sum_sq = o.addcmul_(grad_sum_sq, g, g, value=weight)
+    s = o.add_(s, g, alpha=weight)
+    cube_root = torch.pow(grad_sum_sq, 1 / 3)  # one tensor: not per_element, for this op
+    z = o.sub(x0, o.div(s, o.add_(cube_root, eps)))
+    # the param moves to (1 - momentum) * z + momentum * p
+    out = o.add_(out, o.sub(z, p), alpha=1 - momentum)
+    return out, (grad_sum_sq, s, x0)
+
+
+MADGRAD = Algorithm(
+    name="MADGRAD",
+    state=MADGRADState,
+    counters=("step",),
+    initial=_madgrad_initial,
+    schedule=_madgrad_schedule,
+    elementwise=_madgrad_math,
+    bounds=_bounds(momentum=True),
+    per_element=False,  # the cube root, which the engine's list ops lack
 )

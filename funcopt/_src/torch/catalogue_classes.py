@@ -11,16 +11,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..catalogue.adaptive import momo
-from ..catalogue.aliases import lars, novograd, polyak_sgd, sm3
-from ..catalogue.contrib import madgrad
+from ..catalogue.aliases import polyak_sgd, sm3
 from ..core.base import GradientTransformation
 from .adapter import Optimizer
 
 __all__ = [
-    "Lars",
-    "MADGRAD",
     "Momo",
-    "NovoGrad",
     "PolyakSGD",
     "SM3",
 ]
@@ -46,94 +42,6 @@ def _check(lr: Any = 0.0, eps: Any = 0.0, weight_decay: Any = 0.0, betas: tuple[
 
 # module-level factories, so that the optimizers pickle; fo.Optimizer calls each with the
 # param group's current values at every step (an lr scheduler's lr included)
-
-
-def _lars(
-    lr: Any, momentum: Any, weight_decay: Any, trust_coefficient: Any, eps: Any, nesterov: bool
-) -> GradientTransformation:
-    return lars(
-        lr,
-        weight_decay=weight_decay,
-        trust_coefficient=trust_coefficient,
-        eps=eps,
-        momentum=momentum,
-        nesterov=nesterov,
-    )
-
-
-class Lars(Optimizer):
-    """LARS (You et al. 2017) as `fo.lars`: weight decay, the trust ratio, the learning
-    rate, then momentum (optax's math; timm's ``Lars`` was not compared).
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> opt = fo.Lars(torch.nn.Linear(2, 1).parameters(), lr=0.1)
-    """
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float = 1.0,
-        momentum: float = 0.9,
-        weight_decay: float = 0.0,
-        trust_coefficient: float = 0.001,
-        eps: float = 0.0,
-        nesterov: bool = False,
-    ) -> None:
-        _check(lr, eps, weight_decay, (momentum,))
-        super().__init__(
-            params, _lars, lr=lr, momentum=momentum, weight_decay=weight_decay,
-            trust_coefficient=trust_coefficient, eps=eps, nesterov=nesterov,
-        )  # fmt: skip
-
-
-def _novograd(lr: Any, betas: Any, eps: Any, weight_decay: Any) -> GradientTransformation:
-    return novograd(lr, b1=betas[0], b2=betas[1], eps=eps, weight_decay=weight_decay)
-
-
-class NovoGrad(Optimizer):
-    """NovoGrad (Ginsburg et al. 2019) as `fo.novograd`.
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> opt = fo.NovoGrad(torch.nn.Linear(2, 1).parameters(), lr=1e-2)
-    """
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.25),
-        eps: float = 1e-6,
-        weight_decay: float = 0.0,
-    ) -> None:
-        _check(lr, eps, weight_decay, betas)
-        super().__init__(params, _novograd, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
-
-
-def _madgrad(lr: Any, momentum: Any, weight_decay: Any, eps: Any) -> GradientTransformation:
-    return madgrad(lr, momentum=momentum, weight_decay=weight_decay, eps=eps)
-
-
-class MADGRAD(Optimizer):
-    """MADGRAD (Defazio and Jelassi 2021) as optax's `fo.madgrad` (weight decay added
-    to the gradient).
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> opt = fo.MADGRAD(torch.nn.Linear(2, 1).parameters(), lr=1e-2)
-    """
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float = 1e-2,
-        momentum: float = 0.9,
-        weight_decay: float = 0.0,
-        eps: float = 1e-6,
-    ) -> None:
-        _check(lr, eps, weight_decay, (momentum,))
-        super().__init__(params, _madgrad, lr=lr, momentum=momentum, weight_decay=weight_decay, eps=eps)
 
 
 def _momo(

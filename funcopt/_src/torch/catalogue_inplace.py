@@ -11,12 +11,25 @@ from typing import Any
 import torch
 from torch.optim.optimizer import ParamsT
 
-from ..algorithms.catalogue_more import ADEMAMIX, ADOPT, NADAMW, SIGNUM, YOGI
+from ..algorithms.catalogue_more import ADEMAMIX, ADOPT, LARS, NADAMW, NOVOGRAD, SIGNUM, YOGI
+from ..algorithms.catalogue_more import MADGRAD as MADGRAD_ALGORITHM
 from ..algorithms.lamb_adan import ADABELIEF, ADAN, LAMB
 from .adapter import Optimizer
 from .fused import fused_flag
 
-__all__ = ["AdEMAMix", "AdaBelief", "Adan", "Adopt", "Lamb", "NAdamW", "Signum", "Yogi"]
+__all__ = [
+    "MADGRAD",
+    "AdEMAMix",
+    "AdaBelief",
+    "Adan",
+    "Adopt",
+    "Lamb",
+    "Lars",
+    "NAdamW",
+    "NovoGrad",
+    "Signum",
+    "Yogi",
+]
 
 
 class _RenamesOldKeys(Optimizer):
@@ -337,5 +350,102 @@ class AdEMAMix(_RenamesOldKeys):
     ) -> None:
         super().__init__(
             params, ADEMAMIX, lr=lr, betas=tuple(betas), alpha=alpha, eps=eps, weight_decay=weight_decay,
+            **_switches(foreach, capturable, differentiable, fused),
+        )  # fmt: skip
+
+
+class Lars(_RenamesOldKeys):
+    """LARS (You et al. 2017) as `fo.lars`: weight decay, the trust ratio, the learning
+    rate, then momentum (optax's math; timm's ``Lars`` was not compared). Steps one
+    param at a time (the trust ratio reads each param's norm). State key:
+    ``momentum_buffer``.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> opt = fo.Lars(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+    """
+
+    old_keys = {"3.trace": "momentum_buffer"}
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1.0,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        trust_coefficient: float = 0.001,
+        eps: float = 0.0,
+        nesterov: bool = False,
+        *,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+    ) -> None:
+        super().__init__(
+            params, LARS, lr=lr, momentum=momentum, weight_decay=weight_decay,
+            trust_coefficient=trust_coefficient, eps=eps, nesterov=nesterov,
+            **_switches(foreach, capturable, differentiable, fused),
+        )  # fmt: skip
+
+
+class NovoGrad(_RenamesOldKeys):
+    """NovoGrad (Ginsburg et al. 2019) as `fo.novograd` (optax's math: the second
+    moment of each gradient's norm, weight decay inside the momentum). Steps one param
+    at a time. State keys: ``step``, ``exp_avg``, ``exp_avg_sq`` (a 0-d tensor).
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> opt = fo.NovoGrad(torch.nn.Linear(2, 1).parameters(), lr=1e-2)
+    """
+
+    old_keys = {"0.count": "step", "0.mu": "exp_avg", "0.nu": "exp_avg_sq"}
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.25),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        *,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+    ) -> None:
+        super().__init__(
+            params, NOVOGRAD, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+            **_switches(foreach, capturable, differentiable, fused),
+        )  # fmt: skip
+
+
+class MADGRAD(_RenamesOldKeys):
+    """MADGRAD (Defazio and Jelassi 2021) as optax's `fo.madgrad` (weight decay added
+    to the gradient). Steps one param at a time (its cube root). State keys: ``step``,
+    ``grad_sum_sq``, ``s``, ``x0``.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> opt = fo.MADGRAD(torch.nn.Linear(2, 1).parameters(), lr=1e-2)
+    """
+
+    old_keys = {"1.count": "step", "1.grad_sum_sq": "grad_sum_sq", "1.s": "s", "1.x0": "x0"}
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-2,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        eps: float = 1e-6,
+        *,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+    ) -> None:
+        super().__init__(
+            params, MADGRAD_ALGORITHM, lr=lr, momentum=momentum, weight_decay=weight_decay, eps=eps,
             **_switches(foreach, capturable, differentiable, fused),
         )  # fmt: skip
