@@ -357,6 +357,7 @@ LARS = Algorithm(
     elementwise=_lars_math,
     bounds=_bounds(momentum=True),
     per_element=False,  # the trust ratio: norms of the param and its update
+    needs_params=True,  # the param's norm
 )
 
 
@@ -469,4 +470,5 @@ MADGRAD = Algorithm(
     elementwise=_madgrad_math,
     bounds=_bounds(momentum=True),
     per_element=False,  # the cube root, which the engine's list ops lack
+    needs_params=True,  # the step moves the param towards its dual average
 )
