@@ -52,6 +52,11 @@ CLASSES: dict[str, tuple[dict[str, Any], tuple[str, str, dict[str, Any]]]] = {
     "AdaBelief": ({"lr": 1e-3}, ADAMW),
     "NAdamW": ({"lr": 1e-3}, ADAMW),
     "AdEMAMix": ({"lr": 1e-3}, ADAMW),
+    "Yogi": ({"lr": 1e-2}, ADAMW),
+    "Signum": ({"lr": 1e-3}, ADAMW),
+    "Adopt": ({"lr": 1e-3}, ADAMW),
+    "NovoGrad": ({"lr": 1e-3, "weight_decay": 0.01}, ADAMW),
+    "MADGRAD": ({"lr": 1e-2, "weight_decay": 0.01}, ADAMW),
 }
 
 
