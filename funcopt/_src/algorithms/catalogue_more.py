@@ -132,24 +132,24 @@ def _nadamw_schedule(
 ) -> tuple[tuple[Coef], tuple]:
     t = step + 1
     beta1, beta2 = betas
-    return (t,), (-lr, 1 - power(beta1, t), 1 - power(beta1, t + 1), 1 - power(beta2, t))
+    # Dozat 2016, as optax: b1 * mu / correction1_next + (1 - b1) * g / correction1
+    momentum_weight = beta1 / (1 - power(beta1, t + 1))
+    return (t,), (-lr, momentum_weight, (1 - beta1) / (1 - power(beta1, t)), 1 - power(beta2, t))
 
 
 def _nadamw_math(
     o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
     coefficients: tuple[Coef, ...], *, betas: tuple[Coef, Coef], eps: Coef, weight_decay: Coef, **_: Any,
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:  # fmt: skip
-    neg_lr, bc1, bc1_next, bc2 = coefficients
+    neg_lr, momentum_weight, grad_weight, bc2 = coefficients
     beta1, beta2 = betas
     exp_avg = o.lerp_(exp_avg, g, 1 - beta1)
     exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), g, g, value=1 - beta2)
     denom = o.add_(o.sqrt_(o.div(exp_avg_sq, bc2)), eps)
-    # Dozat 2016, as optax: b1 * mu / correction1_next + (1 - b1) * g / correction1
-    m_hat = o.add_(o.mul_(o.div(exp_avg, bc1_next), beta1), o.mul_(o.div(g, bc1), 1 - beta1))
-    update = o.div_(m_hat, denom)
-    if nonzero(weight_decay):
-        update = o.add_(update, p, alpha=weight_decay)
-    out = o.add_(out, update, alpha=neg_lr)
+    m_hat = o.add_(o.mul(exp_avg, momentum_weight), g, alpha=grad_weight)
+    if nonzero(weight_decay):  # optax adds weight_decay * p to the update: p * (1 - lr * weight_decay)
+        out = o.decay_(out, p, 1 + neg_lr * weight_decay)
+    out = o.addcdiv_(out, m_hat, denom, value=neg_lr)
     return out, (exp_avg, exp_avg_sq)
 
 
@@ -278,10 +278,9 @@ def _ademamix_math(
     exp_avg_slow = o.lerp_(exp_avg_slow, g, 1 - beta3)
     exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), g, g, value=1 - beta2)
     denom = o.add_(o.sqrt_(o.div(exp_avg_sq, bc2)), eps)
-    update = o.div_(o.add_(o.div(exp_avg_fast, bc1), exp_avg_slow, alpha=alpha), denom)
-    if nonzero(weight_decay):
-        update = o.add_(update, p, alpha=weight_decay)
-    out = o.add_(out, update, alpha=neg_lr)
+    if nonzero(weight_decay):  # optax adds weight_decay * p to the update: p * (1 - lr * weight_decay)
+        out = o.decay_(out, p, 1 + neg_lr * weight_decay)
+    out = o.addcdiv_(out, o.add_(o.div(exp_avg_fast, bc1), exp_avg_slow, alpha=alpha), denom, value=neg_lr)
     return out, (exp_avg_fast, exp_avg_slow, exp_avg_sq)
 
 
@@ -454,10 +453,10 @@ def _madgrad_math(
         g = o.add(g, p, alpha=weight_decay)
     grad_sum_sq = o.addcmul_(grad_sum_sq, g, g, value=weight)
     s = o.add_(s, g, alpha=weight)
-    cube_root = torch.pow(grad_sum_sq, 1 / 3)  # one tensor: not per_element, for this op
-    z = o.sub(x0, o.div(s, o.add_(cube_root, eps)))
-    # the param moves to (1 - momentum) * z + momentum * p
-    out = o.add_(out, o.sub(z, p), alpha=1 - momentum)
+    denom = o.add_(torch.pow(grad_sum_sq, 1 / 3), eps)  # one tensor: not per_element, for this op
+    # the param moves to momentum * p + (1 - momentum) * z, with z = x0 - s / denom
+    out = o.decay_(out, p, momentum)
+    out = o.addcdiv_(o.add_(out, x0, alpha=1 - momentum), s, denom, value=-(1 - momentum))
     return out, (grad_sum_sq, s, x0)
 
 
