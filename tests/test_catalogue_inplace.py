@@ -1,7 +1,9 @@
 """The in-place drop-in classes of issue 64's speed work: Prodigy and DAdaptAdamW (their
 step in parts of bounded size, against the authors' packages), the schedule-free
 classes in parts, and a state_dict of the earlier fo.Optimizer-based Prodigy and
-DAdaptAdamW loading into today's classes."""
+DAdaptAdamW loading into today's classes; and the catalogue classes moved onto the in-place
+path (Lamb, ..., Yogi, Lars, MADGRAD) stepping as the earlier fo.Optimizer over optax's chain,
+whose state_dicts they load."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Drop-in ``torch.optim.Optimizer`` classes for the catalogue's optimizers: thin
-subclasses of `fo.Optimizer` (which runs any transformation as a torch optimizer) with
+"""Drop-in ``torch.optim.Optimizer`` classes for the catalogue's optimizers that stay on
+the functional path (Momo and PolyakSGD read the loss; SM3 keeps per-axis accumulators
+unlike its params; the others are in ``catalogue_inplace.py``): thin subclasses of `fo.Optimizer` (which runs any transformation as a torch optimizer) with
 torch-style constructors (``params, lr, betas, eps, weight_decay``). Each steps exactly
 as its functional form (optax's math); param groups, lr schedulers, ``state_dict`` and
 hooks work as for any torch optimizer. Where the method's own torch package differs

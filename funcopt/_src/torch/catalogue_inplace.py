@@ -2,7 +2,10 @@
 `fo.Optimizer` running its `Algorithm` (``algorithms/lamb_adan.py``: optax's math per
 tensor) in place, with foreach lists for Adan and AdaBelief (per element) and one param at a time for
 Lamb (its trust ratio reads each param's norm). The functional forms are optax's chains
-(`fo.lamb`, `fo.adan`, `fo.adabelief`), equal to these classes to round-off."""
+(`fo.lamb`, `fo.adan`, `fo.adabelief`), equal to these classes to round-off.
+
+Likewise Yogi, NAdamW, Signum, Adopt and AdEMAMix (foreach lists), Lars, NovoGrad and
+MADGRAD (one param at a time), over the Algorithms of ``algorithms/catalogue_more.py``."""
 
 from __future__ import annotations
 
