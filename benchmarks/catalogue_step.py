@@ -57,10 +57,12 @@ CLASSES: dict[str, tuple[dict[str, Any], tuple[str, str, dict[str, Any]]]] = {
     "Lars": ({"lr": 0.1, "weight_decay": 0.01}, ("timm", "Lars", {"momentum": 0.9})),
     "AdaBelief": ({"lr": 1e-3}, ("timm", "AdaBelief", {"rectify": False})),
     "NAdamW": ({"lr": 1e-3}, ("timm", "NAdamW", {})),
-    "MADGRAD": ({"lr": 1e-3}, ("timm", "MADGRAD", {})),
-    "NovoGrad": ({"lr": 1e-3}, ("timm", "NvNovoGrad", {})),
+    "MADGRAD": ({"lr": 1e-2, "weight_decay": 0.01}, ("timm", "MADGRAD", {})),
+    "NovoGrad": ({"lr": 1e-3, "weight_decay": 0.01}, ("timm", "NvNovoGrad", {})),
     "Adopt": ({"lr": 1e-3}, ("timm", "Adopt", {})),
     "AdEMAMix": ({"lr": 1e-3}, ADAMW),
+    "Yogi": ({"lr": 1e-2}, ADAMW),
+    "Signum": ({"lr": 1e-3}, ADAMW),
 }
 
 

@@ -23,6 +23,16 @@ from ._src.algorithms.adagrad import AdagradState, adagrad
 from ._src.algorithms.adam import AdamState, AdamWState, adam, adamw
 from ._src.algorithms.adamax import AdamaxState, adamax
 from ._src.algorithms.asgd import ASGDState, asgd
+from ._src.algorithms.catalogue_more import (
+    AdEMAMixState,
+    AdoptState,
+    LarsState,
+    MADGRADState,
+    NAdamWState,
+    NovoGradState,
+    SignumState,
+    YogiState,
+)
 from ._src.algorithms.lamb_adan import AdaBeliefState, AdanState, LambState
 from ._src.algorithms.lbfgs import LBFGSState, lbfgs
 from ._src.algorithms.lion import LionState, lion
@@ -53,7 +63,19 @@ from ._src.torch import catalogue_classes as _catalogue_classes
 from ._src.torch.adam_classes import Adam, AdamW, RAdam, SparseAdam
 from ._src.torch.adapter import Optimizer
 from ._src.torch.catalogue_classes import *  # noqa: F403
-from ._src.torch.catalogue_inplace import AdaBelief, Adan, Lamb
+from ._src.torch.catalogue_inplace import (
+    MADGRAD,
+    AdaBelief,
+    Adan,
+    AdEMAMix,
+    Adopt,
+    Lamb,
+    Lars,
+    NAdamW,
+    NovoGrad,
+    Signum,
+    Yogi,
+)
 from ._src.torch.classes import (
     ASGD,
     SGD,
@@ -186,6 +208,23 @@ __all__ = [
     "Lamb",
     "LambState",
     "Prodigy",
+    # issue 64: the catalogue's other classes on the in-place path, and their states
+    "AdEMAMix",
+    "AdEMAMixState",
+    "Adopt",
+    "AdoptState",
+    "Lars",
+    "LarsState",
+    "MADGRAD",
+    "MADGRADState",
+    "NAdamW",
+    "NAdamWState",
+    "NovoGrad",
+    "NovoGradState",
+    "Signum",
+    "SignumState",
+    "Yogi",
+    "YogiState",
 ]
 
 

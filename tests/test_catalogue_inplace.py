@@ -1,7 +1,9 @@
 """The in-place drop-in classes of issue 64's speed work: Prodigy and DAdaptAdamW (their
 step in parts of bounded size, against the authors' packages), the schedule-free
 classes in parts, and a state_dict of the earlier fo.Optimizer-based Prodigy and
-DAdaptAdamW loading into today's classes."""
+DAdaptAdamW loading into today's classes; and the catalogue classes moved onto the in-place
+path (Lamb, ..., Yogi, Lars, MADGRAD) stepping as the earlier fo.Optimizer over optax's chain,
+whose state_dicts they load."""
 
 from __future__ import annotations
 
@@ -105,7 +107,53 @@ def _old_adabelief(lr, betas, eps, eps_root):
     return fo.adabelief(lr, b1=betas[0], b2=betas[1], eps=eps, eps_root=eps_root)
 
 
+def _old_yogi(lr, betas, eps):
+    return fo.yogi(lr, b1=betas[0], b2=betas[1], eps=eps)
+
+
+def _old_nadamw(lr, betas, eps, weight_decay):
+    return fo.nadamw(lr, b1=betas[0], b2=betas[1], eps=eps, weight_decay=weight_decay)
+
+
+def _old_signum(lr, momentum):
+    return fo.signum(lr, beta=momentum)
+
+
+def _old_adopt(lr, betas, eps):
+    return fo.adopt(lr, b1=betas[0], b2=betas[1], eps=eps)
+
+
+def _old_ademamix(lr, betas, alpha, eps, weight_decay):
+    return fo.ademamix(
+        lr, b1=betas[0], b2=betas[1], b3=betas[2], alpha=alpha, eps=eps, weight_decay=weight_decay
+    )
+
+
+def _old_lars(lr, momentum, weight_decay, trust_coefficient, eps, nesterov):
+    return fo.lars(
+        lr, weight_decay=weight_decay, trust_coefficient=trust_coefficient, eps=eps, momentum=momentum,
+        nesterov=nesterov,
+    )  # fmt: skip
+
+
+def _old_novograd(lr, betas, eps, weight_decay):
+    return fo.novograd(lr, b1=betas[0], b2=betas[1], eps=eps, weight_decay=weight_decay)
+
+
+def _old_madgrad(lr, momentum, weight_decay, eps):
+    return fo.madgrad(lr, momentum=momentum, weight_decay=weight_decay, eps=eps)
+
+
 OLD = {
+    "Lars": (_old_lars, dict(lr=0.1, momentum=0.9, weight_decay=0.1, trust_coefficient=0.001, eps=0.0,
+                             nesterov=False)),
+    "NovoGrad": (_old_novograd, dict(lr=0.01, betas=(0.9, 0.25), eps=1e-6, weight_decay=0.1)),
+    "MADGRAD": (_old_madgrad, dict(lr=0.01, momentum=0.9, weight_decay=0.1, eps=1e-6)),
+    "Adopt": (_old_adopt, dict(lr=0.01, betas=(0.9, 0.9999), eps=1e-6)),
+    "AdEMAMix": (_old_ademamix, dict(lr=0.01, betas=(0.9, 0.999, 0.9999), alpha=5.0, eps=1e-8, weight_decay=0.1)),
+    "Yogi": (_old_yogi, dict(lr=0.01, betas=(0.9, 0.999), eps=1e-3)),
+    "NAdamW": (_old_nadamw, dict(lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)),
+    "Signum": (_old_signum, dict(lr=0.01, momentum=0.9)),
     "AdaBelief": (_old_adabelief, dict(lr=0.01, betas=(0.9, 0.999), eps=1e-16, eps_root=1e-16)),
     "Lamb": (_old_lamb, dict(lr=0.01, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.1)),
     "Adan": (_old_adan, dict(lr=0.01, betas=(0.98, 0.92, 0.99), eps=1e-8, weight_decay=0.1, eps_root=1e-8)),
@@ -136,3 +184,45 @@ def test_an_earlier_state_dict_loads(name):
     for a, b in zip(new_ps, old_ps):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)
     assert not old_keys & set(new.state[new_ps[0]]) - {"exp_avg", "exp_avg_sq", "grad_sum", "params0"}
+
+
+# each moved class against the earlier one (fo.Optimizer over optax's chain), options away
+# from the defaults, every option of the constructor
+AWAY = {
+    "Lars": [dict(lr=0.3, momentum=0.5, weight_decay=0.0, trust_coefficient=0.01, eps=1e-3),
+             dict(lr=0.3, momentum=0.5, weight_decay=0.2, trust_coefficient=0.01, eps=1e-3, nesterov=True)],
+    "NovoGrad": [dict(lr=0.03, betas=(0.8, 0.5), eps=1e-3, weight_decay=0.0),
+                 dict(lr=0.03, betas=(0.8, 0.5), eps=1e-3, weight_decay=0.2)],
+    "MADGRAD": [dict(lr=0.03, momentum=0.5, weight_decay=0.0, eps=1e-3),
+                dict(lr=0.03, momentum=0.0, weight_decay=0.2, eps=1e-3)],
+    "Adopt": [dict(lr=0.03, betas=(0.8, 0.95), eps=1e-2)],
+    "AdEMAMix": [dict(lr=0.03, betas=(0.8, 0.95, 0.99), alpha=2.0, eps=1e-3, weight_decay=0.0),
+                 dict(lr=0.03, betas=(0.8, 0.95, 0.99), alpha=2.0, eps=1e-3, weight_decay=0.2)],
+    "Yogi": [dict(lr=0.03, betas=(0.8, 0.95), eps=1e-2)],
+    "NAdamW": [dict(lr=0.03, betas=(0.8, 0.95), eps=1e-3, weight_decay=0.0),
+               dict(lr=0.03, betas=(0.8, 0.95), eps=1e-3, weight_decay=0.2)],
+    "Signum": [dict(lr=0.03, momentum=0.5), dict(lr=0.03, momentum=0.0)],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+@pytest.mark.parametrize("name, kwargs", [(n, k) for n in AWAY for k in [{}, *AWAY[n]]], ids=lambda x: str(x))
+def test_a_moved_class_steps_as_the_earlier_one(name, kwargs, foreach):
+    """10 steps of the in-place class equal the earlier class's (optax's chain) to float64
+    round-off, with its defaults and with each option away from them."""
+    factory, defaults = OLD[name]
+    old_ps, new_ps = params(), params()
+    old = fo.Optimizer(old_ps, factory, **{**_class_defaults(name), **kwargs})
+    new = getattr(fo, name)(new_ps, **kwargs, foreach=foreach)
+    run(old, old_ps, range(10))
+    run(new, new_ps, range(10))
+    for a, b in zip(new_ps, old_ps):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+def _class_defaults(name: str) -> dict[str, Any]:
+    """The class's constructor arguments with their defaults (torch's switches left out)."""
+    import inspect
+
+    parameters = list(inspect.signature(getattr(fo, name)).parameters.values())[1:]
+    return {p.name: p.default for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD}

@@ -1,5 +1,6 @@
-"""Drop-in ``torch.optim.Optimizer`` classes for the catalogue's optimizers: thin
-subclasses of `fo.Optimizer` (which runs any transformation as a torch optimizer) with
+"""Drop-in ``torch.optim.Optimizer`` classes for the catalogue's optimizers that stay on
+the functional path (Momo and PolyakSGD read the loss; SM3 keeps per-axis accumulators
+unlike its params; the others are in ``catalogue_inplace.py``): thin subclasses of `fo.Optimizer` (which runs any transformation as a torch optimizer) with
 torch-style constructors (``params, lr, betas, eps, weight_decay``). Each steps exactly
 as its functional form (optax's math); param groups, lr schedulers, ``state_dict`` and
 hooks work as for any torch optimizer. Where the method's own torch package differs
@@ -11,23 +12,14 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..catalogue.adaptive import momo
-from ..catalogue.aliases import lars, nadamw, novograd, polyak_sgd, signum, sm3, yogi
-from ..catalogue.contrib import ademamix, adopt, madgrad
+from ..catalogue.aliases import polyak_sgd, sm3
 from ..core.base import GradientTransformation
 from .adapter import Optimizer
 
 __all__ = [
-    "AdEMAMix",
-    "Adopt",
-    "Lars",
-    "MADGRAD",
     "Momo",
-    "NAdamW",
-    "NovoGrad",
     "PolyakSGD",
     "SM3",
-    "Signum",
-    "Yogi",
 ]
 
 ParamsT = Iterable[Any]
@@ -51,186 +43,6 @@ def _check(lr: Any = 0.0, eps: Any = 0.0, weight_decay: Any = 0.0, betas: tuple[
 
 # module-level factories, so that the optimizers pickle; fo.Optimizer calls each with the
 # param group's current values at every step (an lr scheduler's lr included)
-
-
-def _lars(
-    lr: Any, momentum: Any, weight_decay: Any, trust_coefficient: Any, eps: Any, nesterov: bool
-) -> GradientTransformation:
-    return lars(
-        lr,
-        weight_decay=weight_decay,
-        trust_coefficient=trust_coefficient,
-        eps=eps,
-        momentum=momentum,
-        nesterov=nesterov,
-    )
-
-
-class Lars(Optimizer):
-    """LARS (You et al. 2017) as `fo.lars`: weight decay, the trust ratio, the learning
-    rate, then momentum (optax's math; timm's ``Lars`` was not compared).
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> opt = fo.Lars(torch.nn.Linear(2, 1).parameters(), lr=0.1)
-    """
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float = 1.0,
-        momentum: float = 0.9,
-        weight_decay: float = 0.0,
-        trust_coefficient: float = 0.001,
-        eps: float = 0.0,
-        nesterov: bool = False,
-    ) -> None:
-        _check(lr, eps, weight_decay, (momentum,))
-        super().__init__(
-            params, _lars, lr=lr, momentum=momentum, weight_decay=weight_decay,
-            trust_coefficient=trust_coefficient, eps=eps, nesterov=nesterov,
-        )  # fmt: skip
-
-
-def _yogi(lr: Any, betas: Any, eps: Any) -> GradientTransformation:
-    return yogi(lr, b1=betas[0], b2=betas[1], eps=eps)
-
-
-class Yogi(Optimizer):
-    """Yogi (Zaheer et al. 2018) as `fo.yogi`.
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> opt = fo.Yogi(torch.nn.Linear(2, 1).parameters(), lr=1e-2)
-    """
-
-    def __init__(
-        self, params: ParamsT, lr: float = 1e-2, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-3
-    ) -> None:
-        _check(lr, eps, 0.0, betas)
-        super().__init__(params, _yogi, lr=lr, betas=tuple(betas), eps=eps)
-
-
-def _novograd(lr: Any, betas: Any, eps: Any, weight_decay: Any) -> GradientTransformation:
-    return novograd(lr, b1=betas[0], b2=betas[1], eps=eps, weight_decay=weight_decay)
-
-
-class NovoGrad(Optimizer):
-    """NovoGrad (Ginsburg et al. 2019) as `fo.novograd`.
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> opt = fo.NovoGrad(torch.nn.Linear(2, 1).parameters(), lr=1e-2)
-    """
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.25),
-        eps: float = 1e-6,
-        weight_decay: float = 0.0,
-    ) -> None:
-        _check(lr, eps, weight_decay, betas)
-        super().__init__(params, _novograd, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
-
-
-def _nadamw(lr: Any, betas: Any, eps: Any, weight_decay: Any) -> GradientTransformation:
-    return nadamw(lr, b1=betas[0], b2=betas[1], eps=eps, weight_decay=weight_decay)
-
-
-class NAdamW(Optimizer):
-    """NAdamW as optax's `fo.nadamw` (Dozat's Nesterov Adam with decoupled weight decay;
-    torch's ``NAdam(decoupled_weight_decay=True)`` adds a momentum-decay schedule).
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> opt = fo.NAdamW(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
-    """
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 1e-4,
-    ) -> None:
-        _check(lr, eps, weight_decay, betas)
-        super().__init__(params, _nadamw, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
-
-
-def _adopt(lr: Any, betas: Any, eps: Any) -> GradientTransformation:
-    return adopt(lr, b1=betas[0], b2=betas[1], eps=eps)
-
-
-class Adopt(Optimizer):
-    """ADOPT (Taniguchi et al. 2024) as `fo.adopt`.
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> opt = fo.Adopt(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
-    """
-
-    def __init__(
-        self, params: ParamsT, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.9999), eps: float = 1e-6
-    ) -> None:
-        _check(lr, eps, 0.0, betas)
-        super().__init__(params, _adopt, lr=lr, betas=tuple(betas), eps=eps)
-
-
-def _ademamix(lr: Any, betas: Any, alpha: Any, eps: Any, weight_decay: Any) -> GradientTransformation:
-    return ademamix(
-        lr, b1=betas[0], b2=betas[1], b3=betas[2], alpha=alpha, eps=eps, weight_decay=weight_decay
-    )
-
-
-class AdEMAMix(Optimizer):
-    """AdEMAMix (Pagliardini et al. 2024) as `fo.ademamix`, ``betas=(b1, b2, b3)``.
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> opt = fo.AdEMAMix(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
-    """
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float = 1e-3,
-        betas: tuple[float, float, float] = (0.9, 0.999, 0.9999),
-        alpha: float = 5.0,
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-    ) -> None:
-        _check(lr, eps, weight_decay, betas)
-        super().__init__(
-            params, _ademamix, lr=lr, betas=tuple(betas), alpha=alpha, eps=eps, weight_decay=weight_decay
-        )
-
-
-def _madgrad(lr: Any, momentum: Any, weight_decay: Any, eps: Any) -> GradientTransformation:
-    return madgrad(lr, momentum=momentum, weight_decay=weight_decay, eps=eps)
-
-
-class MADGRAD(Optimizer):
-    """MADGRAD (Defazio and Jelassi 2021) as optax's `fo.madgrad` (weight decay added
-    to the gradient).
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> opt = fo.MADGRAD(torch.nn.Linear(2, 1).parameters(), lr=1e-2)
-    """
-
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float = 1e-2,
-        momentum: float = 0.9,
-        weight_decay: float = 0.0,
-        eps: float = 1e-6,
-    ) -> None:
-        _check(lr, eps, weight_decay, (momentum,))
-        super().__init__(params, _madgrad, lr=lr, momentum=momentum, weight_decay=weight_decay, eps=eps)
 
 
 def _momo(
@@ -314,20 +126,3 @@ class SM3(Optimizer):
     def __init__(self, params: ParamsT, lr: float = 0.1, momentum: float = 0.9) -> None:
         _check(lr, 0.0, 0.0, (momentum,))
         super().__init__(params, _sm3, lr=lr, momentum=momentum)
-
-
-def _signum(lr: Any, momentum: Any) -> GradientTransformation:
-    return signum(lr, beta=momentum)
-
-
-class Signum(Optimizer):
-    """Signum (Bernstein et al. 2018) as `fo.signum` (``momentum`` is its ``beta``).
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> opt = fo.Signum(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
-    """
-
-    def __init__(self, params: ParamsT, lr: float = 1e-3, momentum: float = 0.9) -> None:
-        _check(lr, 0.0, 0.0, (momentum,))
-        super().__init__(params, _signum, lr=lr, momentum=momentum)

@@ -1,0 +1,473 @@
+"""Yogi, NAdamW, Signum, ADOPT, AdEMAMix, LARS, NovoGrad and MADGRAD as engine
+`Algorithm`s, for the in-place drop-in classes (``fo.Yogi``, ...): each the math of its
+optax chain (``fo.yogi``, ``fo.nadamw``, ...) as the class ran it, per tensor, to round-off.
+
+The functional forms ``fo.yogi`` etc. stay optax's chains of public blocks, with optax's
+state trees; these algorithms are the classes' math (and ``YOGI.transform(...)`` its
+functional face), equal to those chains to round-off (tests/test_catalogue_inplace.py).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from ..core.base import Params
+from ..engine.algorithm import Algorithm
+from ..engine.bounds import Bound, Hyperparams
+from ..engine.ops import Coef, Ops, nonzero, power
+
+__all__ = [
+    "LARS",
+    "MADGRAD",
+    "NOVOGRAD",
+    "LarsState",
+    "MADGRADState",
+    "NovoGradState",
+    "ADEMAMIX",
+    "ADOPT",
+    "AdEMAMixState",
+    "AdoptState",
+    "NADAMW",
+    "SIGNUM",
+    "YOGI",
+    "NAdamWState",
+    "SignumState",
+    "YogiState",
+]
+
+
+def _bounds(*betas: int, weight_decay: bool = True, momentum: bool = False) -> tuple[Bound, ...]:
+    """The classes' checks, with torch's messages (a momentum is checked as beta 0)."""
+    return (
+        Bound("lr", "Invalid learning rate: {}"),
+        Bound("eps", "Invalid epsilon value: {}"),
+        *([Bound("weight_decay", "Invalid weight_decay value: {}")] if weight_decay else []),
+        *(
+            Bound("betas", f"Invalid beta parameter at index {i}: {{}}", i, high=1.0, inclusive=False)
+            for i in betas
+        ),
+        *(
+            [Bound("momentum", "Invalid beta parameter at index 0: {}", high=1.0, inclusive=False)]
+            if momentum
+            else []
+        ),
+    )
+
+
+def _started(step: Coef) -> Coef:
+    """0 at the first step, 1 after it (`step` is the count of steps taken)."""
+    return torch.clamp(step, max=1.0) if isinstance(step, Tensor) else min(step, 1.0)
+
+
+def _adam_schedule(step: Coef, *, lr: Coef, betas: tuple[Coef, ...], **_: Any) -> tuple[tuple[Coef], tuple]:
+    """-lr and Adam's bias corrections."""
+    t = step + 1
+    return (t,), (-lr, 1 - power(betas[0], t), 1 - power(betas[1], t))
+
+
+# ---------------------------------------------------------------- Yogi
+
+
+class YogiState(NamedTuple):
+    """Yogi's per-param state: the step count and its two moments (Adam's keys), both
+    starting at 1e-6 (optax's ``initial_accumulator_value``)."""
+
+    step: Params
+    exp_avg: Params
+    exp_avg_sq: Params
+
+
+def _yogi_initial(**_: Any) -> YogiState:
+    # optax's initial_accumulator_value, for both moments
+    return YogiState(step=0.0, exp_avg=1e-6, exp_avg_sq=1e-6)
+
+
+def _yogi_math(
+    o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
+    coefficients: tuple[Coef, Coef, Coef], *, betas: tuple[Coef, Coef], eps: Coef, **_: Any,
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:  # fmt: skip
+    neg_lr, bc1, bc2 = coefficients
+    beta1, beta2 = betas
+    exp_avg = o.lerp_(exp_avg, g, 1 - beta1)
+    g2 = o.mul(g, g)
+    # nu - (1 - b2) * sign(nu - g**2) * g**2
+    exp_avg_sq = o.addcmul_(exp_avg_sq, o.sign(o.sub(exp_avg_sq, g2)), g2, value=-(1 - beta2))
+    denom = o.add_(o.sqrt_(o.div(exp_avg_sq, bc2)), eps)
+    out = o.addcdiv_(out, o.div(exp_avg, bc1), denom, value=neg_lr)
+    return out, (exp_avg, exp_avg_sq)
+
+
+YOGI = Algorithm(
+    name="Yogi",
+    state=YogiState,
+    counters=("step",),
+    initial=_yogi_initial,
+    schedule=_adam_schedule,
+    elementwise=_yogi_math,
+    bounds=_bounds(0, 1, weight_decay=False),
+)
+
+
+# ---------------------------------------------------------------- NAdamW
+
+
+class NAdamWState(NamedTuple):
+    """NAdamW's per-param state: the step count and Adam's two moments."""
+
+    step: Params
+    exp_avg: Params
+    exp_avg_sq: Params
+
+
+def _nadamw_initial(**_: Any) -> NAdamWState:
+    return NAdamWState(step=0.0, exp_avg=0.0, exp_avg_sq=0.0)
+
+
+def _nadamw_schedule(
+    step: Coef, *, lr: Coef, betas: tuple[Coef, Coef], **_: Any
+) -> tuple[tuple[Coef], tuple]:
+    t = step + 1
+    beta1, beta2 = betas
+    # Dozat 2016, as optax: b1 * mu / correction1_next + (1 - b1) * g / correction1
+    momentum_weight = beta1 / (1 - power(beta1, t + 1))
+    return (t,), (-lr, momentum_weight, (1 - beta1) / (1 - power(beta1, t)), 1 - power(beta2, t))
+
+
+def _nadamw_math(
+    o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
+    coefficients: tuple[Coef, ...], *, betas: tuple[Coef, Coef], eps: Coef, weight_decay: Coef, **_: Any,
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:  # fmt: skip
+    neg_lr, momentum_weight, grad_weight, bc2 = coefficients
+    beta1, beta2 = betas
+    exp_avg = o.lerp_(exp_avg, g, 1 - beta1)
+    exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), g, g, value=1 - beta2)
+    denom = o.add_(o.sqrt_(o.div(exp_avg_sq, bc2)), eps)
+    m_hat = o.add_(o.mul(exp_avg, momentum_weight), g, alpha=grad_weight)
+    if nonzero(weight_decay):  # optax adds weight_decay * p to the update: p * (1 - lr * weight_decay)
+        out = o.decay_(out, p, 1 + neg_lr * weight_decay)
+    out = o.addcdiv_(out, m_hat, denom, value=neg_lr)
+    return out, (exp_avg, exp_avg_sq)
+
+
+NADAMW = Algorithm(
+    name="NAdamW",
+    state=NAdamWState,
+    counters=("step",),
+    initial=_nadamw_initial,
+    schedule=_nadamw_schedule,
+    elementwise=_nadamw_math,
+    bounds=_bounds(0, 1),
+)
+
+
+# ---------------------------------------------------------------- Signum
+
+
+class SignumState(NamedTuple):
+    """Signum's per-param state: the momentum (an EMA of the gradients, not debiased)."""
+
+    momentum_buffer: Params
+
+
+def _signum_initial(**_: Any) -> SignumState:
+    return SignumState(momentum_buffer=0.0)
+
+
+def _lr_schedule(*, lr: Coef, **_: Any) -> tuple[tuple, tuple]:
+    return (), (-lr,)
+
+
+def _signum_math(
+    o: Ops, out: Tensor | None, p: Tensor, g: Tensor, momentum_buffer: Tensor,
+    coefficients: tuple[Coef], *, momentum: Coef, **_: Any,
+) -> tuple[Tensor, tuple[Tensor]]:  # fmt: skip
+    (neg_lr,) = coefficients
+    momentum_buffer = o.lerp_(momentum_buffer, g, 1 - momentum)
+    out = o.add_(out, o.sign(momentum_buffer), alpha=neg_lr)
+    return out, (momentum_buffer,)
+
+
+SIGNUM = Algorithm(
+    name="Signum",
+    state=SignumState,
+    counters=(),
+    initial=_signum_initial,
+    schedule=_lr_schedule,
+    elementwise=_signum_math,
+    bounds=_bounds(weight_decay=False, momentum=True),  # no eps: its bound checks nothing
+)
+
+
+# ---------------------------------------------------------------- ADOPT
+
+
+class AdoptState(NamedTuple):
+    """ADOPT's per-param state: the step count and its two moments (the authors' keys)."""
+
+    step: Params
+    exp_avg: Params
+    exp_avg_sq: Params
+
+
+def _adopt_initial(**_: Any) -> AdoptState:
+    return AdoptState(step=0.0, exp_avg=0.0, exp_avg_sq=0.0)
+
+
+def _adopt_schedule(step: Coef, *, lr: Coef, betas: tuple[Coef, Coef], **_: Any) -> tuple[tuple[Coef], tuple]:
+    """The first step only sets the second moment (its momentum weight is 0, the second
+    moment's 1); the normalized gradient is clipped to ``step**0.25`` (optax's
+    ``clip_value_fn`` at the steps taken before)."""
+    started = _started(step)
+    beta1, beta2 = betas
+    return (step + 1,), (-lr, (1 - beta1) * started, beta2 * started, step**0.25)
+
+
+def _adopt_math(
+    o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
+    coefficients: tuple[Coef, ...], *, eps: Coef, **_: Any,
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:  # fmt: skip
+    neg_lr, weight1, beta2, clip = coefficients
+    normalized = o.div(g, o.clamp_(o.sqrt(exp_avg_sq), eps, math.inf))  # by the previous moment
+    normalized = o.clamp_(normalized, -clip, clip)
+    exp_avg = o.lerp_(exp_avg, normalized, weight1)
+    exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), g, g, value=1 - beta2)
+    out = o.add_(out, exp_avg, alpha=neg_lr)
+    return out, (exp_avg, exp_avg_sq)
+
+
+ADOPT = Algorithm(
+    name="Adopt",
+    state=AdoptState,
+    counters=("step",),
+    initial=_adopt_initial,
+    schedule=_adopt_schedule,
+    elementwise=_adopt_math,
+    bounds=_bounds(0, 1, weight_decay=False),
+)
+
+
+# ---------------------------------------------------------------- AdEMAMix
+
+
+class AdEMAMixState(NamedTuple):
+    """AdEMAMix's per-param state: the step count, the fast and slow EMAs of the gradient
+    and the second moment (the authors' keys)."""
+
+    step: Params
+    exp_avg_fast: Params
+    exp_avg_slow: Params
+    exp_avg_sq: Params
+
+
+def _ademamix_initial(**_: Any) -> AdEMAMixState:
+    return AdEMAMixState(step=0.0, exp_avg_fast=0.0, exp_avg_slow=0.0, exp_avg_sq=0.0)
+
+
+def _ademamix_math(
+    o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg_fast: Tensor, exp_avg_slow: Tensor,
+    exp_avg_sq: Tensor, coefficients: tuple[Coef, Coef, Coef], *, betas: tuple[Coef, Coef, Coef],
+    alpha: Coef, eps: Coef, weight_decay: Coef, **_: Any,
+) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:  # fmt: skip
+    neg_lr, bc1, bc2 = coefficients
+    beta1, beta2, beta3 = betas
+    exp_avg_fast = o.lerp_(exp_avg_fast, g, 1 - beta1)
+    exp_avg_slow = o.lerp_(exp_avg_slow, g, 1 - beta3)
+    exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), g, g, value=1 - beta2)
+    denom = o.add_(o.sqrt_(o.div(exp_avg_sq, bc2)), eps)
+    if nonzero(weight_decay):  # optax adds weight_decay * p to the update: p * (1 - lr * weight_decay)
+        out = o.decay_(out, p, 1 + neg_lr * weight_decay)
+    out = o.addcdiv_(out, o.add_(o.div(exp_avg_fast, bc1), exp_avg_slow, alpha=alpha), denom, value=neg_lr)
+    return out, (exp_avg_fast, exp_avg_slow, exp_avg_sq)
+
+
+def _check_three_betas(hyperparams: Hyperparams) -> None:
+    """torch's check of each beta (Python numbers only: a tensor may be traced)."""
+    betas = hyperparams.get("betas", ())
+    if not isinstance(betas, (tuple, list)) or len(betas) != 3:
+        raise ValueError(f"AdEMAMix: betas must be a triple (b1, b2, b3), got {betas!r}")
+    for i, beta in enumerate(betas):
+        if not isinstance(beta, Tensor) and not 0.0 <= beta < 1.0:
+            raise ValueError(f"Invalid beta parameter at index {i}: {beta}")
+
+
+ADEMAMIX = Algorithm(
+    name="AdEMAMix",
+    state=AdEMAMixState,
+    counters=("step",),
+    initial=_ademamix_initial,
+    schedule=_adam_schedule,  # -lr and the bias corrections of betas[0], betas[1]
+    elementwise=_ademamix_math,
+    bounds=_bounds(),  # betas is a triple, which the bounds' pairs cannot index: see validate
+    validate=_check_three_betas,
+)
+
+
+# ---------------------------------------------------------------- LARS
+
+
+class LarsState(NamedTuple):
+    """LARS's per-param state: the momentum, of the updates after the trust ratio and the
+    learning rate (optax's ``trace``)."""
+
+    momentum_buffer: Params
+
+
+def _lars_initial(**_: Any) -> LarsState:
+    return LarsState(momentum_buffer=0.0)
+
+
+def _lars_ratio(param_norm: Coef, update_norm: Coef, trust_coefficient: Coef, eps: Coef) -> Coef:
+    """``trust_coefficient * |p| / (|u| + eps)``, or 1 where either norm is 0 (optax's
+    `scale_by_trust_ratio`)."""
+    if isinstance(param_norm, Tensor) or isinstance(update_norm, Tensor):
+        zero = (param_norm == 0) | (update_norm == 0)
+        return torch.where(zero, 1.0, trust_coefficient * param_norm / (update_norm + eps))
+    if param_norm == 0 or update_norm == 0:
+        return 1.0
+    return trust_coefficient * param_norm / (update_norm + eps)
+
+
+def _lars_math(
+    o: Ops, out: Tensor | None, p: Tensor, g: Tensor, momentum_buffer: Tensor, coefficients: tuple[Coef],
+    *, momentum: Coef, weight_decay: Coef, trust_coefficient: Coef, eps: Coef, nesterov: bool, **_: Any,
+) -> tuple[Tensor, tuple[Tensor]]:  # fmt: skip
+    (neg_lr,) = coefficients
+    update = o.add(g, p, alpha=weight_decay) if nonzero(weight_decay) else g
+    norms = o.item(torch.linalg.vector_norm(p)), o.item(torch.linalg.vector_norm(update))
+    scale = neg_lr * _lars_ratio(*norms, trust_coefficient, eps)
+    momentum_buffer = o.add_(o.mul_(momentum_buffer, momentum), update, alpha=scale)
+    if nesterov:
+        out = o.add_(o.add_(out, momentum_buffer, alpha=momentum), update, alpha=scale)
+    else:
+        out = o.add_(out, momentum_buffer)
+    return out, (momentum_buffer,)
+
+
+LARS = Algorithm(
+    name="Lars",
+    state=LarsState,
+    counters=(),
+    initial=_lars_initial,
+    schedule=_lr_schedule,
+    elementwise=_lars_math,
+    bounds=_bounds(momentum=True),
+    per_element=False,  # the trust ratio: norms of the param and its update
+    needs_params=True,  # the param's norm
+)
+
+
+# ---------------------------------------------------------------- NovoGrad
+
+
+class NovoGradState(NamedTuple):
+    """NovoGrad's per-param state: the step count, the momentum and the second moment of
+    the gradient's norm (one number per param, a 0-d tensor)."""
+
+    step: Params
+    exp_avg: Params
+    exp_avg_sq: Params
+
+
+def _scalar_like(p: Tensor) -> Tensor:
+    """A param's 0-d buffer, 0, in its dtype and on its device."""
+    return torch.zeros((), dtype=p.dtype, device=p.device)
+
+
+def _novograd_initial(**_: Any) -> NovoGradState:
+    return NovoGradState(step=0.0, exp_avg=0.0, exp_avg_sq=_scalar_like)
+
+
+def _novograd_schedule(
+    step: Coef, *, lr: Coef, betas: tuple[Coef, Coef], **_: Any
+) -> tuple[tuple[Coef], tuple]:
+    # the first step sets the second moment to the squared norm (weight 1, not 1 - b2)
+    return (step + 1,), (-lr, 1 - betas[1] * _started(step))
+
+
+def _novograd_math(
+    o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
+    coefficients: tuple[Coef, Coef], *, betas: tuple[Coef, Coef], eps: Coef, weight_decay: Coef, **_: Any,
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:  # fmt: skip
+    neg_lr, weight2 = coefficients
+    norm = torch.linalg.vector_norm(g)
+    exp_avg_sq = o.lerp_(exp_avg_sq, norm * norm, weight2)
+    step = o.div(g, o.add_(o.sqrt(exp_avg_sq), eps))
+    if nonzero(weight_decay):
+        step = o.add_(step, p, alpha=weight_decay)
+    exp_avg = o.add_(o.mul_(exp_avg, betas[0]), step)  # the first step: the step itself
+    out = o.add_(out, exp_avg, alpha=neg_lr)
+    return out, (exp_avg, exp_avg_sq)
+
+
+NOVOGRAD = Algorithm(
+    name="NovoGrad",
+    state=NovoGradState,
+    counters=("step",),
+    initial=_novograd_initial,
+    schedule=_novograd_schedule,
+    elementwise=_novograd_math,
+    bounds=_bounds(0, 1),
+    per_element=False,  # the second moment of each gradient's norm
+    buffers_like_param=False,  # that second moment: one number per param
+)
+
+
+# ---------------------------------------------------------------- MADGRAD
+
+
+class MADGRADState(NamedTuple):
+    """MADGRAD's per-param state: the step count, the weighted sums of the squared
+    gradients and of the gradients, and the initial param (the authors' keys)."""
+
+    step: Params
+    grad_sum_sq: Params
+    s: Params
+    x0: Params
+
+
+def _clone(p: Tensor) -> Tensor:
+    return torch.clone(p, memory_format=torch.preserve_format)
+
+
+def _madgrad_initial(**_: Any) -> MADGRADState:
+    return MADGRADState(step=0.0, grad_sum_sq=0.0, s=0.0, x0=_clone)
+
+
+def _madgrad_schedule(step: Coef, *, lr: Coef, eps: Coef, **_: Any) -> tuple[tuple[Coef], tuple]:
+    """The weight ``(lr + eps) * sqrt(k + 1)`` of the k-th step (from 0), in double
+    precision (optax rounds ``sqrt(k + 1)`` to float32)."""
+    root = torch.sqrt(step + 1) if isinstance(step, Tensor) else math.sqrt(step + 1)
+    return (step + 1,), ((lr + eps) * root,)
+
+
+def _madgrad_math(
+    o: Ops, out: Tensor | None, p: Tensor, g: Tensor, grad_sum_sq: Tensor, s: Tensor, x0: Tensor,
+    coefficients: tuple[Coef], *, momentum: Coef, weight_decay: Coef, eps: Coef, **_: Any,
+) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:  # fmt: skip
+    (weight,) = coefficients
+    if nonzero(weight_decay):  # optax's add_decayed_weights, before the step
+        g = o.add(g, p, alpha=weight_decay)
+    grad_sum_sq = o.addcmul_(grad_sum_sq, g, g, value=weight)
+    s = o.add_(s, g, alpha=weight)
+    denom = o.add_(torch.pow(grad_sum_sq, 1 / 3), eps)  # one tensor: not per_element, for this op
+    # the param moves to momentum * p + (1 - momentum) * z, with z = x0 - s / denom
+    out = o.decay_(out, p, momentum)
+    out = o.addcdiv_(o.add_(out, x0, alpha=1 - momentum), s, denom, value=-(1 - momentum))
+    return out, (grad_sum_sq, s, x0)
+
+
+MADGRAD = Algorithm(
+    name="MADGRAD",
+    state=MADGRADState,
+    counters=("step",),
+    initial=_madgrad_initial,
+    schedule=_madgrad_schedule,
+    elementwise=_madgrad_math,
+    bounds=_bounds(momentum=True),
+    per_element=False,  # the cube root, which the engine's list ops lack
+    needs_params=True,  # the step moves the param towards its dual average
+)
