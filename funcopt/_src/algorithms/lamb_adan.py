@@ -94,6 +94,7 @@ LAMB = Algorithm(
     elementwise=_lamb_math,
     bounds=_bounds(0, 1),
     per_element=False,  # the trust ratio: norms of the param and its update
+    needs_params=True,  # the trust ratio reads the param's norm
 )
 
 
