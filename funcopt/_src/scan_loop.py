@@ -60,11 +60,10 @@ class _FirstOrderOnly(torch.autograd.Function):
 def _distinct(xs: list[Tensor]) -> list[Tensor]:
     """`xs` with a copy of each tensor seen before: a compiled scan refuses an initial
     carry whose tensors alias each other (one step count shared by all the params)."""
-    seen: set[int] = set()
-    out = []
-    for x in xs:
-        out.append(x.clone() if id(x) in seen else x)
-        seen.add(id(x))
+    # (`is`, not `id`: TorchDynamo guards an `id` on the object, recompiling at every call)
+    out: list[Tensor] = []
+    for i, x in enumerate(xs):
+        out.append(x.clone() if any(x is y for y in xs[:i]) else x)
     return out
 
 

@@ -1,0 +1,31 @@
+"""A compiled fo.scan_inner_loop compiles once: called again with new params (as every
+meta-iteration does), TorchDynamo reuses its graphs. An `id()` taken of the carry's
+tensors made it guard on their identity, and recompile (tens of seconds under inductor)
+at every call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_scan_inner_loop import XS, loss_fn, make_params
+from torch._dynamo.utils import counters
+
+import funcopt as fo
+
+
+@pytest.mark.slow  # about 20 s: TorchDynamo traces scan's body
+def test_compiled_scan_does_not_recompile_for_new_params(monkeypatch):
+    monkeypatch.setattr(torch._dynamo.config, "capture_scalar_outputs", True)
+    torch._dynamo.reset()
+
+    @torch.compile(backend="eager")  # the guards are TorchDynamo's, whatever the backend
+    def meta_loss(params):
+        adapted, _, _ = fo.scan_inner_loop(loss_fn, params, fo.adam(lr=0.01), XS)
+        return loss_fn(adapted, XS[0][0], XS[1][0])
+
+    meta_loss(make_params()).backward()
+    graphs = counters["stats"]["unique_graphs"]
+    for _ in range(2):
+        meta_loss(make_params()).backward()
+    assert counters["stats"]["unique_graphs"] == graphs
+    torch._dynamo.reset()
