@@ -14,8 +14,13 @@ import funcopt as fo
 
 
 @pytest.mark.slow  # about 20 s: TorchDynamo traces scan's body
-def test_compiled_scan_does_not_recompile_for_new_params(monkeypatch):
-    monkeypatch.setattr(torch._dynamo.config, "capture_scalar_outputs", True)
+def test_compiled_scan_does_not_recompile_for_new_params():
+    # (config.patch: monkeypatch's undo deletes the setting from torch's config module)
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        _check_no_recompile()
+
+
+def _check_no_recompile() -> None:
     torch._dynamo.reset()
 
     @torch.compile(backend="eager")  # the guards are TorchDynamo's, whatever the backend
