@@ -35,6 +35,13 @@ __all__ = [
 ]
 
 
+def _switches(
+    foreach: bool | None, capturable: bool, differentiable: bool, fused: bool | None
+) -> dict[str, Any]:
+    """torch's implementation switches, as `fo.Optimizer` takes them."""
+    return dict(foreach=foreach, capturable=capturable, differentiable=differentiable, **fused_flag(fused))
+
+
 class _RenamesOldKeys(Optimizer):
     """Loads a state_dict of the earlier class too: `fo.Optimizer` over optax's chain,
     whose state keys were the chain's (``'0.mu'``); the step count becomes torch's float
@@ -96,10 +103,7 @@ class Lamb(_RenamesOldKeys):
             eps=eps,
             weight_decay=weight_decay,
             eps_root=0.0,
-            foreach=foreach,
-            capturable=capturable,
-            differentiable=differentiable,
-            **fused_flag(fused),
+            **_switches(foreach, capturable, differentiable, fused),
         )
 
 
@@ -144,10 +148,7 @@ class Adan(_RenamesOldKeys):
             eps=eps,
             weight_decay=weight_decay,
             eps_root=eps_root,
-            foreach=foreach,
-            capturable=capturable,
-            differentiable=differentiable,
-            **fused_flag(fused),
+            **_switches(foreach, capturable, differentiable, fused),
         )
 
 
@@ -183,21 +184,11 @@ class AdaBelief(_RenamesOldKeys):
             betas=tuple(betas),
             eps=eps,
             eps_root=eps_root,
-            foreach=foreach,
-            capturable=capturable,
-            differentiable=differentiable,
-            **fused_flag(fused),
+            **_switches(foreach, capturable, differentiable, fused),
         )
 
 
 # ---------------------------------------------------------------- issue 64: the catalogue's others
-
-
-def _switches(
-    foreach: bool | None, capturable: bool, differentiable: bool, fused: bool | None
-) -> dict[str, Any]:
-    """torch's implementation switches, as `fo.Optimizer` takes them."""
-    return dict(foreach=foreach, capturable=capturable, differentiable=differentiable, **fused_flag(fused))
 
 
 class Yogi(_RenamesOldKeys):
