@@ -3,6 +3,7 @@ only at the first step, as a copy of the gradient (dampening starts at the secon
 
 from __future__ import annotations
 
+import optree
 import pytest
 import torch
 from torch.func import vmap
@@ -32,17 +33,49 @@ def test_momentum_buffer_appears_as_torch_creates_it(momentum):
     assert torch.equal(ours.data, theirs.data)
 
 
-def test_functional_state_holds_an_empty_node_until_the_first_update():
+def test_functional_state_keeps_its_structure_with_dampening():
+    """The buffer is there from init, as zeros; the state counts the steps, so that the
+    first update skips the dampening and copies the gradient, as torch's first step."""
     params = {"w": torch.ones(3), "b": torch.zeros(2)}
     grads = {"w": torch.tensor([1.0, 2.0, 3.0]), "b": torch.tensor([-1.0, 1.0])}
     tx = fo.sgd(lr=0.1, momentum=0.9, dampening=0.5)
     state = tx.init(params)
-    assert state.momentum_buffer == {"w": fo.MaskedNode(), "b": fo.MaskedNode()}
+    structure = optree.tree_structure(state)
+    assert torch.equal(state.inner_state.momentum_buffer["w"], torch.zeros(3))
     _, state = tx.update(grads, state, params)
-    assert torch.equal(state.momentum_buffer["w"], grads["w"])  # a copy, no dampening
+    assert torch.equal(state.inner_state.momentum_buffer["w"], grads["w"])  # a copy, no dampening
     _, state = tx.update(grads, state, params)
-    torch.testing.assert_close(state.momentum_buffer["w"], grads["w"] * 0.9 + grads["w"] * 0.5)
+    torch.testing.assert_close(state.inner_state.momentum_buffer["w"], grads["w"] * 0.9 + grads["w"] * 0.5)
+    assert optree.tree_structure(state) == structure
     assert not fo.sgd(lr=0.1).init(params).momentum_buffer["w"]  # no momentum: stays empty
+
+
+@pytest.mark.parametrize("dampening", [0.3, "tensor", "schedule"])
+def test_dampening_as_torch_under_vmap_and_compile(dampening):
+    """A dampening given as a number, a tensor or a schedule: torch's steps, also where
+    the count is a tensor (vmap over the gradients, as the state's count is traced)."""
+    value = {"tensor": torch.tensor(0.3, dtype=torch.float64), "schedule": lambda count: 0.3}.get(
+        dampening, dampening
+    )
+    p0 = torch.randn(4, dtype=torch.float64)
+    grads = torch.randn(3, 4, dtype=torch.float64)
+    ref = p0.clone().requires_grad_()
+    opt = torch.optim.SGD([ref], lr=0.1, momentum=0.9, dampening=0.3)
+    for g in grads:
+        ref.grad = g.clone()
+        opt.step()
+    tx = fo.sgd(lr=0.1, momentum=0.9, dampening=value)
+
+    def run(p, gs):
+        state = tx.init([p])
+        for g in gs:
+            updates, state = tx.update([g], state, [p])
+            p = p + updates[0]
+        return p
+
+    torch.testing.assert_close(run(p0, grads), ref.detach(), rtol=1e-14, atol=0)
+    batched = torch.func.vmap(run, in_dims=(None, 0))(p0, torch.stack([grads, grads]))
+    torch.testing.assert_close(batched[1], ref.detach(), rtol=1e-14, atol=0)
 
 
 def test_vmap_over_momentum_matches_a_loop():

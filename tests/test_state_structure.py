@@ -1,12 +1,7 @@
 """A functional state keeps one structure from `init` on: every factory, with every
 option set torch tests and inside the wrappers, has a state of the same tree structure,
 shapes and dtypes at init and after each step, so that a compiled update makes one graph
-for all steps and a state can be a scan carry or a vmap input of fixed structure.
-
-The one exception is SGD with momentum and a dampening that is not a Python 0 (a number,
-or a tensor, as `inject_hyperparams` makes every hyperparameter): torch's first step skips
-the dampening, which a zero buffer cannot tell, so the buffer is made at the first step
-(see ``sgd.py``)."""
+for all steps and a state can be a scan carry or a vmap input of fixed structure."""
 
 from __future__ import annotations
 
@@ -49,11 +44,6 @@ def _signature(state):
     return spec, [(x.shape, x.dtype) if isinstance(x, torch.Tensor) else type(x) for x in leaves]
 
 
-def _made_at_first_step(name, kwargs, wrapper):
-    """SGD's buffer where the dampening may be nonzero (see the module's docstring)."""
-    return name == "SGD" and (kwargs.get("dampening", 0) != 0 or wrapper == "inject_hyperparams")
-
-
 WRAPPERS = {
     "plain": lambda f, kw: f(**kw),
     "chain": lambda f, kw: fo.chain(fo.clip_by_global_norm(1.0), f(**kw)),
@@ -76,10 +66,7 @@ def test_state_keeps_its_structure(name, wrapper):
             _, state = tx.update(optree.tree_map(make, params), state, params)
             signatures.append(_signature(state))
         changes = sum(a != b for a, b in zip(signatures, signatures[1:]))
-        # made at the first step (of the inner transformation): it changes once, then never
-        assert changes <= (1 if _made_at_first_step(name, kwargs, wrapper) else 0), (
-            f"{name} ({desc}, {wrapper})"
-        )
+        assert changes == 0, f"{name} ({desc}, {wrapper})"
 
 
 class _Count:
@@ -99,7 +86,10 @@ COMPILED["SGD momentum, MultiSteps"] = lambda: WRAPPERS["multi_steps"](fo.sgd, {
 COMPILED["SGD momentum, apply_if_finite"] = lambda: WRAPPERS["apply_if_finite"](
     fo.sgd, {"lr": 0.1, "momentum": 0.9}
 )
-# (inject_hyperparams makes SGD's dampening a tensor: the documented exception above)
+COMPILED["SGD dampening"] = lambda: fo.sgd(lr=0.1, momentum=0.9, dampening=0.1)
+COMPILED["SGD dampening, inject_hyperparams"] = lambda: WRAPPERS["inject_hyperparams"](
+    fo.sgd, {"lr": 0.1, "momentum": 0.9, "dampening": 0.1}
+)
 COMPILED["Adam, inject_hyperparams"] = lambda: WRAPPERS["inject_hyperparams"](fo.adam, {"lr": 0.1})
 
 

@@ -50,7 +50,8 @@ def _initial(**_: Any) -> MuonState:
 
 
 def _creates(**_: Any) -> tuple[str, ...]:
-    return ("momentum_buffer",)  # zeros, where a param's state lacks it (as torch's step)
+    """What pickles made before the algorithms pickled by name refer to (kept for those)."""
+    return ("momentum_buffer",)
 
 
 def _schedule(
@@ -176,7 +177,6 @@ MUON = Algorithm(
         Bound("weight_decay", "weight decay should be >= 0 but is: {}"),
     ),
     per_element=False,  # matrix products and a norm of the whole param
-    creates=_creates,
     validate=_validate,
 )
 

@@ -6,16 +6,22 @@
    \\theta_t = \\theta_{t-1} - \\gamma \\,(g_t + \\mu b_t \\text{ if Nesterov, else } b_t)
 
 The momentum buffer is torch's ``momentum_buffer``: absent without momentum, and a copy
-of the first gradient at the first step (so dampening starts at the second).
+of the first gradient at the first step (so dampening starts at the second). A functional
+state holds it from init, as zeros: the first step from zeros, ``momentum * 0 + g``, is
+that copy exactly when that step's dampening is 0, which `_FromSecondStep` makes it.
 """
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import torch
 from torch import Tensor
 
 from ..core.base import GradientTransformation, Params
+from ..core.hyperparams import with_schedules
 from ..engine.algorithm import Algorithm
 from ..engine.bounds import Bound, Hyperparams
 from ..engine.ops import Coef, Ops, nonzero
@@ -23,22 +29,50 @@ from ..engine.ops import Coef, Ops, nonzero
 
 class SGDState(NamedTuple):
     """Per-param state with torch's key: the momentum buffer (an empty node without
-    momentum; with dampening, also before the first step)."""
+    momentum)."""
 
     momentum_buffer: Params
 
 
-def _initial(*, momentum: Coef = 0.0, dampening: Coef = 0.0, functional: bool = False, **_: Any) -> SGDState:
+def _initial(*, momentum: Coef = 0.0, functional: bool = False, **_: Any) -> SGDState:
     """torch makes the momentum buffer at the first step, a copy of the gradient. A
-    functional state holds it from init, as zeros, so that its structure never changes:
-    the first step from zeros, ``momentum * 0 + g``, is that copy exactly where dampening
-    is 0. With dampening, the first step must skip it, which zeros cannot tell: the
-    buffer is made at the first step there too."""
-    from_init = functional and nonzero(momentum) and not isinstance(dampening, Tensor) and dampening == 0
-    return SGDState(momentum_buffer=0.0 if from_init else None)
+    functional state holds it from init, as zeros, so that its structure never changes
+    (`_SGD` makes the first step's dampening 0, so that the step from zeros is that copy)."""
+    return SGDState(momentum_buffer=0.0 if functional and nonzero(momentum) else None)
 
 
-def _creates(*, momentum: Coef, **_: Any) -> tuple[str, ...]:
+@dataclass(frozen=True)
+class _FromSecondStep:
+    """A dampening (a number, tensor or schedule) as a schedule that is 0 at the first
+    step, which torch's first step skips: from a zero buffer, ``momentum * 0 + g`` is
+    then torch's copy of the gradient, bit for bit."""
+
+    dampening: Any
+
+    def __call__(self, count: int | Tensor) -> Any:
+        value = self.dampening(count) if callable(self.dampening) else self.dampening
+        if isinstance(count, int):  # an eager count: Python numbers, as torch's
+            return value if count > 0 else 0.0
+        value = torch.as_tensor(value, dtype=value.dtype if isinstance(value, Tensor) else torch.float64)
+        return torch.where(count > 0, value, torch.zeros((), dtype=value.dtype, device=value.device))
+
+
+class _SGD(Algorithm):
+    """SGD's functional transformation counts its steps where it has momentum and a
+    dampening that may be nonzero (see `_FromSecondStep`)."""
+
+    def __call__(self, **hyperparams: Any) -> GradientTransformation:
+        momentum, dampening = hyperparams.get("momentum", 0.0), hyperparams.get("dampening", 0.0)
+        if not nonzero(momentum) or (
+            not callable(dampening) and not isinstance(dampening, Tensor) and dampening == 0
+        ):
+            return super().__call__(**hyperparams)
+        hyperparams["dampening"] = _FromSecondStep(dampening)
+        return with_schedules(functools.partial(Algorithm.__call__, self), hyperparams)
+
+
+def _creates(*, momentum: Coef = 0.0, **_: Any) -> tuple[str, ...]:
+    """What pickles made before the algorithms pickled by name refer to (kept for those)."""
     return ("momentum_buffer",) if nonzero(momentum) else ()
 
 
@@ -83,7 +117,7 @@ def _validate(hp: Hyperparams) -> None:
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
 
 
-SGD_ = Algorithm(
+SGD_ = _SGD(
     name="SGD",
     state=SGDState,
     counters=(),
@@ -96,7 +130,6 @@ SGD_ = Algorithm(
         Bound("weight_decay", "Invalid weight_decay value: {}", nan_passes=True),
     ),
     sparse=True,
-    creates=_creates,
     validate=_validate,
 )
 
@@ -122,8 +155,9 @@ def sgd(
 
     With momentum, the state holds ``momentum_buffer`` from init on, as zeros, so that its
     structure never changes (one compiled graph for every step); the first update makes
-    it a copy of the gradient, as torch's first step does. With dampening, which the first
-    step skips, it is an empty node until the first update.
+    it a copy of the gradient, as torch's first step does. With a dampening, which that
+    first step skips, the state also counts the steps (a ``ScheduledState`` around the
+    ``SGDState``).
 
     Example:
         >>> import torch, funcopt as fo

@@ -28,8 +28,11 @@ A buffer may be absent, as torch.optim creates some state keys only for some opt
 (Adam's ``max_exp_avg_sq`` with ``amsgrad``) or only at the first step (SGD's
 ``momentum_buffer``, a copy of the first gradient). ``initial`` gives None for it, and
 the math then gets None in its place; it returns None for a buffer it leaves absent,
-or a new tensor for one it creates (named by ``creates``). A functional state holds an
-empty node (`MaskedNode`) there, a torch.optim state no key. ``initial`` may also give
+or a new tensor for one it creates. A buffer that the math creates at the first step is
+None for the torch classes and a value when ``initial`` is called with
+``functional=True``: a functional state holds it from init, so that its structure never
+changes. Otherwise a functional state holds an empty node (`MaskedNode`) there, a
+torch.optim state no key. ``initial`` may also give
 a function of the param that makes its buffer (a buffer not shaped like its param, such
 as Adafactor's factored ``row_var``), or None where that param has none.
 
@@ -43,7 +46,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -153,9 +156,6 @@ class Algorithm:
     # Each element's update depends on that element alone (no per-tensor reductions),
     # so the adapters may concatenate small tensors and step them together.
     per_element: bool = True
-    # the buffers the math creates where absent, for these hyperparameters (SGD's
-    # momentum_buffer): a param with one to create steps by itself, off the fast paths
-    creates: Callable[..., Collection[str]] | None = None
     buffers_like_param: bool = True  # every buffer is shaped like its param (not Adafactor's)
     # torch's checks that are no simple bound (SGD's nesterov), after the bounds; it reads
     # Python numbers only (a tensor may be batched or traced)
@@ -512,9 +512,17 @@ class Algorithm:
         return counters, schedule, not any(isinstance(c, Tensor) for c in schedule[1])
 
     def creating(self, hyperparams: Hyperparams) -> Callable[[Sequence[Tensor | None]], bool]:
-        """A test of a param's buffers: whether the math creates one of them (absent, and
-        named by `creates` for these hyperparameters)."""
-        creates = () if self.creates is None else self.creates(**hyperparams)
+        """A test of a param's buffers: whether the math creates one of them at this step
+        (absent, where a functional state holds it from init: SGD's momentum_buffer). A
+        param with one to create steps by itself, off the fast paths."""
+        k = len(self.counters)
+        in_place = self.initial(**hyperparams)[k:]
+        functional = self.initial(**hyperparams, functional=True)[k:]
+        creates = {
+            name
+            for name, a, b in zip(self.buffer_fields, in_place, functional)
+            if a is None and b is not None
+        }
         if not creates:
             return lambda buffers: False
         return lambda buffers: any(

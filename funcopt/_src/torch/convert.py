@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from ..core.base import GradientTransformation, MaskedNode, Params, State, a_kind
+from ..core.hyperparams import ScheduledState, _counter
 from ..engine.algorithm import REGISTRY, Algorithm
 from ..engine.bounds import normalize
 from ..engine.leaves import torch_counter
@@ -113,12 +114,22 @@ def functional_state(optimizer: torch.optim.Optimizer, params: Params) -> State:
                         "cannot hold both; take the state of each group's params apart"
                     )
     assert layout is not None  # `_matched` returns at least one param
-    return layout[1].unflatten(
+    state = layout[1].unflatten(
         [
             treedef.unflatten(column) if per_param else column
             for (_, per_param), column in zip(layout[0], columns)
         ]
     )
+    if not face.counts(matched):
+        return state
+    stepped = {bool(optimizer.state.get(p)) for p, _ in matched}
+    if len(stepped) > 1:
+        raise ValueError(
+            f"functional_state: some params have taken their first step with {face.what} and some "
+            "not; its functional state, with a dampening, counts the steps of all params at once "
+            "and cannot hold both: convert the state once every param has stepped"
+        )
+    return ScheduledState(_counter(params, int(stepped.pop())), state)
 
 
 def load_functional_state(optimizer: torch.optim.Optimizer, state: State, params: Params) -> None:
@@ -154,6 +165,10 @@ def load_functional_state(optimizer: torch.optim.Optimizer, state: State, params
     """
     face = _Face(optimizer)
     matched, treedef = _matched(optimizer, params, "load_functional_state")
+    if face.counts(matched) and isinstance(state, ScheduledState):
+        # torch keeps no count: before the first step, no buffers (torch makes them there)
+        first = not bool(state.count)
+        state = optree.tree_map(lambda x: MaskedNode() if first else x, state.inner_state, none_is_leaf=True)
     writes: list[tuple[Tensor, dict[str, Any], list[tuple[str, bool, Any]]]] = []
     values_by_group: dict[int, list[Any]] = {}
     with torch.no_grad():
@@ -210,10 +225,28 @@ class _Face:
         return normalize(values, self.algorithm.pairs)
 
     def transform(self, group: dict[str, Any]) -> GradientTransformation:
-        if self.algorithm is not None:
-            return self.algorithm(**self.hyperparams(group))
+        if self.algorithm is not None:  # the algorithm's own state, without a count of steps
+            return Algorithm.__call__(self.algorithm, **self.hyperparams(group))
         assert isinstance(self.optimizer, Optimizer)
         return self.optimizer._make_transform(self.optimizer._group_hyperparams(group))
+
+    def counts(self, matched: list[tuple[Tensor, dict[str, Any]]]) -> bool:
+        """Whether the functional form counts steps that the torch class does not (SGD's,
+        with a dampening: `sgd._SGD`), in every group; a mix has no one state."""
+        if self.algorithm is None:
+            return False
+        meta = {"0": torch.empty(0, device="meta")}
+        kinds = {
+            isinstance(self.algorithm(**self.hyperparams(group)).init(meta), ScheduledState)
+            for group in {id(g): g for _, g in matched}.values()
+        }
+        if len(kinds) > 1:
+            raise ValueError(
+                f"the param groups of {self.what} keep states of different structures (some count "
+                "their steps, for a dampening, some not), which one functional state cannot hold: "
+                "take the state of each group's params apart"
+            )
+        return kinds.pop()
 
     def layout(self, group: dict[str, Any], p: Tensor) -> tuple[list[tuple[str, bool, Any]], Any]:
         """The slots of the state, and its structure with the slots as leaves, from an
