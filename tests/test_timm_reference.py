@@ -124,7 +124,9 @@ def compare(ours: Callable[..., Any], theirs: Callable[..., Any]) -> float:
     worst = max(float((x - y).abs().max()) for x, y in zip(a, b))
     for p, q in zip(pa, pb):
         mine, timms = ours_opt.state[p], theirs_opt.state[q]
-        assert set(timms) - {"neg_pre_grad"} <= set(mine), f"state keys {sorted(mine)} but timm's {sorted(timms)}"
+        assert set(timms) - {"neg_pre_grad"} <= set(mine), (
+            f"state keys {sorted(mine)} but timm's {sorted(timms)}"
+        )
         for key, value in timms.items():
             if torch.is_tensor(value) and key in mine and key != "step":
                 scale = max(float(value.abs().max()), 1e-30)
@@ -148,7 +150,9 @@ def test_class_equals_timm(case, foreach):
     name, options = case
     reference = getattr(timm_optim, TIMM_NAMES.get(name, name))
     ours = getattr(fo, name)
-    assert compare(lambda p: ours(p, **options, foreach=foreach), lambda p: reference(p, **options)) < TOLERANCE
+    assert (
+        compare(lambda p: ours(p, **options, foreach=foreach), lambda p: reference(p, **options)) < TOLERANCE
+    )
 
 
 @pytest.mark.parametrize("name", ["Lamb", "Lars", "Adan", "AdaBelief"])
@@ -169,7 +173,11 @@ def test_constructor_defaults_are_timms():
         reference = getattr(timm_optim, TIMM_NAMES.get(name, name))
         left_out = switches | ({"caution"} if name == "Adan" else set())
         theirs, ours = (
-            [(p.name, p.default) for p in inspect.signature(cls).parameters.values() if p.name not in left_out]
+            [
+                (p.name, p.default)
+                for p in inspect.signature(cls).parameters.values()
+                if p.name not in left_out
+            ]
             for cls in (reference, getattr(fo, name))
         )
         assert ours == theirs, name

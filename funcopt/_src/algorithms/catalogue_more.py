@@ -319,7 +319,9 @@ class LarsState(NamedTuple):
     momentum_buffer: Params
 
 
-def _lars_initial(*, momentum: Coef = 0.0, dampening: Coef = 0.0, functional: bool = False, **_: Any) -> LarsState:
+def _lars_initial(
+    *, momentum: Coef = 0.0, dampening: Coef = 0.0, functional: bool = False, **_: Any
+) -> LarsState:
     """As SGD's: a functional state holds the buffer from init (zeros) where the first
     step from zeros is the copy exactly (momentum, no dampening)."""
     from_init = functional and nonzero(momentum) and not isinstance(dampening, Tensor) and dampening == 0
@@ -331,7 +333,14 @@ def _lars_creates(*, momentum: Coef, **_: Any) -> tuple[str, ...]:
 
 
 def _lars_ratio(
-    w_norm: Coef, g_norm: Coef, *, lr: Coef, trust_coeff: Coef, weight_decay: Coef, eps: Coef, trust_clip: bool
+    w_norm: Coef,
+    g_norm: Coef,
+    *,
+    lr: Coef,
+    trust_coeff: Coef,
+    weight_decay: Coef,
+    eps: Coef,
+    trust_clip: bool,
 ) -> Coef:
     """timm's ``trust_coeff * |p| / (|g| + weight_decay * |p| + eps)``, or 1 where either
     norm is 0; with `trust_clip` (LARC), divided by lr and at most 1."""
@@ -339,11 +348,13 @@ def _lars_ratio(
         zero = (w_norm == 0) | (g_norm == 0)
         ratio = torch.where(zero, 1.0, trust_coeff * w_norm / (g_norm + w_norm * weight_decay + eps))
         return torch.clamp(ratio / lr, max=1.0) if trust_clip else ratio
-    ratio = 1.0 if w_norm == 0 or g_norm == 0 else trust_coeff * w_norm / (g_norm + w_norm * weight_decay + eps)
+    number = (
+        1.0 if w_norm == 0 or g_norm == 0 else trust_coeff * w_norm / (g_norm + w_norm * weight_decay + eps)
+    )
     if trust_clip:
-        ratio = ratio / lr
-        return torch.clamp(ratio, max=1.0) if isinstance(ratio, Tensor) else min(ratio, 1.0)
-    return ratio
+        number = number / lr  # (a tensor where lr is one)
+        return torch.clamp(number, max=1.0) if isinstance(number, Tensor) else min(number, 1.0)
+    return number
 
 
 def _lars_math(

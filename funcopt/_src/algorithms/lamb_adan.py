@@ -92,8 +92,8 @@ def _trust_ratio(param_norm: Coef, update_norm: Coef, clip: bool = False) -> Coe
         zero = (param_norm == 0) | (update_norm == 0)
         ratio = torch.where(zero, 1.0, param_norm / torch.where(zero, 1.0, update_norm))
         return torch.clamp(ratio, max=1.0) if clip else ratio
-    ratio = 1.0 if param_norm == 0 or update_norm == 0 else param_norm / update_norm
-    return min(ratio, 1.0) if clip else ratio
+    number = 1.0 if param_norm == 0 or update_norm == 0 else param_norm / update_norm
+    return min(number, 1.0) if clip else number
 
 
 def _lamb_math(
@@ -165,7 +165,13 @@ def _adan_initial(**_: Any) -> AdanState:
 
 
 def _adan_schedule(
-    step: Coef, *, lr: Coef, betas: tuple[Coef, Coef, Coef], weight_decay: Coef, no_prox: bool = False, **_: Any
+    step: Coef,
+    *,
+    lr: Coef,
+    betas: tuple[Coef, Coef, Coef],
+    weight_decay: Coef,
+    no_prox: bool = False,
+    **_: Any,
 ) -> tuple[tuple[Coef], tuple]:
     t = step + 1
     beta1, beta2, beta3 = betas
@@ -266,7 +272,13 @@ def _adabelief_schedule(
         return (t,), (0.0, 1.0, decay, -_rectified(sma, sma_max, beta2_t, bc1) * lr, 0.0)
     adaptive = sma >= 5  # no branch on a tensor: the unused term from values where it is defined
     size = _rectified(torch.where(adaptive, sma, 6.0), sma_max, beta2_t, bc1)
-    return (t,), (0.0, 1.0, decay, torch.where(adaptive, -size * lr, 0.0), torch.where(adaptive, 0.0, -sgd * lr))
+    return (t,), (
+        0.0,
+        1.0,
+        decay,
+        torch.where(adaptive, -size * lr, 0.0),
+        torch.where(adaptive, 0.0, -sgd * lr),
+    )
 
 
 def _rectified(sma: Coef, sma_max: Coef, beta2_t: Coef, bc1: Coef) -> Coef:
@@ -302,6 +314,8 @@ def _adabelief_math(
         out = o.addcdiv_(out, exp_avg, o.add_(o.sqrt(exp_avg_var), eps), value=neg_adaptive)
     if nonzero(neg_sgd):
         out = o.add_(out, exp_avg, alpha=neg_sgd)
+    if out is None:  # no step (timm's, without degenerated_to_sgd), as a zero update
+        out = o.add_(out, exp_avg, alpha=0.0)
     return out, (exp_avg, exp_avg_var, max_exp_avg_var)
 
 

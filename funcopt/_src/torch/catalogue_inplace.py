@@ -77,7 +77,9 @@ class _RenamesOldKeys(Optimizer):
 
     def _upgraded(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         """A state_dict whose groups have a hyperparameter's old name: the new name."""
-        groups = [{self.old_group_keys.get(k, k): v for k, v in g.items()} for g in state_dict["param_groups"]]
+        groups = [
+            {self.old_group_keys.get(k, k): v for k, v in g.items()} for g in state_dict["param_groups"]
+        ]
         return {**state_dict, "param_groups": groups}
 
     def _renamed(self, state: dict[str, Any]) -> dict[str, Any]:
