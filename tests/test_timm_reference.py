@@ -201,3 +201,10 @@ def test_lamb_clips_the_norm_of_all_groups():
         assert not torch.allclose(params[0], apart_params[0])
         grads_kept = all(torch.equal(p.grad, torch.full_like(p, 3.0)) for p in params)
         assert grads_kept  # the clip leaves .grad as it was (as timm)
+
+
+def test_lamb_refuses_a_groups_own_max_grad_norm():
+    params = make_params()
+    with pytest.raises(ValueError, match="clips the gradients of all groups together"):
+        fo.Lamb([{"params": params[:2], "max_grad_norm": 2.0}, {"params": params[2:]}])
+    fo.Lamb([{"params": params[:2], "max_grad_norm": 2.0}], max_grad_norm=2.0)  # the constructor's: fine

@@ -141,6 +141,16 @@ class Lamb(_RenamesOldKeys):
             **_switches(foreach, capturable, differentiable, fused),
         )  # fmt: skip
 
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's ``add_param_group``; a group's own ``max_grad_norm`` is refused (timm
+        ignores it): the clip reads the gradients of all groups together."""
+        if param_group.get("max_grad_norm", self.defaults["max_grad_norm"]) != self.defaults["max_grad_norm"]:
+            raise ValueError(
+                f"a param group set max_grad_norm={param_group['max_grad_norm']!r}, but Lamb clips the "
+                "gradients of all groups together, by the constructor's max_grad_norm: set it there"
+            )
+        super().add_param_group(param_group)
+
     def _unscale_for_amp(self) -> bool:
         """Once per step, after the closure and before any group steps (and after a
         GradScaler's unscaling): the divisor of timm's global-norm clip, over the gradients
