@@ -2,8 +2,9 @@
 step in parts of bounded size, against the authors' packages), the schedule-free
 classes in parts, and a state_dict of the earlier fo.Optimizer-based Prodigy and
 DAdaptAdamW loading into today's classes; and the catalogue classes moved onto the in-place
-path (Lamb, ..., Yogi, Lars, MADGRAD) stepping as the earlier fo.Optimizer over optax's chain,
-whose state_dicts they load."""
+path (Yogi, NAdamW, ...) stepping as the earlier fo.Optimizer over optax's chain, whose
+state_dicts they load (those that now follow timm, Lamb, Adan, AdaBelief, Lars, NovoGrad
+and MADGRAD, load them too: test_timm_reference.py compares their steps with timm's)."""
 
 from __future__ import annotations
 
