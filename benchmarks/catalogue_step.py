@@ -12,8 +12,9 @@ opposite orders, and prints the medians and their ratio. The references:
 - timm's classes (loaded from its optimizer modules alone, see ``tests/timm_loader.py``;
   install timm with ``pip install --no-deps timm==1.0.31``) for `fo.Lamb`, `fo.Lion`,
   `fo.Adan`, `fo.Lars`, `fo.AdaBelief`, `fo.NAdamW`, `fo.MADGRAD`, `fo.NovoGrad` and
-  `fo.Adopt`, with the options under which they compute the same method (no gradient
-  clipping, no rectification); the numbers differ where the algorithm pages say;
+  `fo.Adopt`, with the same arguments (Lamb, Lars, Adan, AdaBelief, MADGRAD and NovoGrad
+  follow timm's math; Lion, NAdamW and Adopt optax's, which differs where the algorithm
+  pages say);
 - the classes with no reference package are timed against
   ``torch.optim.AdamW(foreach=True)``, a yardstick of what an Adam-like step costs,
   not a reference.
@@ -51,11 +52,11 @@ CLASSES: dict[str, tuple[dict[str, Any], tuple[str, str, dict[str, Any]]]] = {
     "DAdaptAdamW": ({"weight_decay": 0.01}, ("dadaptation", "DAdaptAdam", {"decouple": True})),
     "AdamWScheduleFree": ({"lr": 1e-3, "weight_decay": 0.01}, ("schedulefree", "AdamWScheduleFree", {})),
     "SGDScheduleFree": ({"lr": 0.1, "weight_decay": 0.01}, ("schedulefree", "SGDScheduleFree", {})),
-    "Lamb": ({"lr": 1e-3, "weight_decay": 0.01}, ("timm", "Lamb", {"max_grad_norm": None})),
+    "Lamb": ({"lr": 1e-3, "weight_decay": 0.01}, ("timm", "Lamb", {})),
     "Lion": ({"lr": 1e-4, "weight_decay": 0.01}, ("timm", "Lion", {})),
-    "Adan": ({"lr": 1e-3, "weight_decay": 0.01}, ("timm", "Adan", {"no_prox": True})),
-    "Lars": ({"lr": 0.1, "weight_decay": 0.01}, ("timm", "Lars", {"momentum": 0.9})),
-    "AdaBelief": ({"lr": 1e-3}, ("timm", "AdaBelief", {"rectify": False})),
+    "Adan": ({"lr": 1e-3, "weight_decay": 0.01}, ("timm", "Adan", {})),
+    "Lars": ({"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}, ("timm", "Lars", {})),
+    "AdaBelief": ({"lr": 1e-3}, ("timm", "AdaBelief", {})),
     "NAdamW": ({"lr": 1e-3}, ("timm", "NAdamW", {})),
     "MADGRAD": ({"lr": 1e-2, "weight_decay": 0.01}, ("timm", "MADGRAD", {})),
     "NovoGrad": ({"lr": 1e-3, "weight_decay": 0.01}, ("timm", "NvNovoGrad", {})),

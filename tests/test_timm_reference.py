@@ -1,8 +1,9 @@
-"""The catalogue's drop-in classes against timm's optimizers, where timm is installed (CI
-installs it without its dependencies: only its optimizer modules are loaded). funcopt's
-classes follow optax; the algorithm pages (docs/algorithms/lamb.md, lars.md, madgrad.md, novograd.md,
-adabelief.md, adan.md) say with which of timm's options the two agree, and these tests
-check those claims (float64, 20 steps, relative to the distance travelled)."""
+"""The drop-in classes that follow timm (fo.Lamb, fo.Lars, fo.Adan, fo.AdaBelief, fo.NovoGrad,
+fo.MADGRAD) against timm's classes (Lamb, Lars, Adan, AdaBelief, NvNovoGrad, MADGRAD),
+where timm is installed (CI installs it without its dependencies: only its optimizer
+modules are loaded): 20 steps in float64, with timm's defaults and with each of its
+options, two param groups, the params and every state entry the two share equal to
+round-off. The functional forms (fo.lamb, ...) follow optax: tests/test_catalogue.py."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import set_default_dtype
 from timm_loader import timm_optimizers
 
 import funcopt as fo
@@ -21,99 +23,188 @@ if timm_optim is None:
     pytest.skip("timm is not installed (pip install --no-deps timm==1.0.31)", allow_module_level=True)
 
 STEPS = 20
+TOLERANCE = 1e-12  # of the largest distance a param moved
+TIMM_NAMES = {"NovoGrad": "NvNovoGrad"}
+
+# each class's option sets: timm's defaults (but lr), then each option away from its default
+OPTIONS: dict[str, list[dict[str, Any]]] = {
+    "Lamb": [
+        {"lr": 0.01},
+        {"lr": 0.01, "max_grad_norm": None},
+        {"lr": 0.01, "max_grad_norm": 100.0},  # a norm the gradients stay under: no clip
+        {"lr": 0.01, "bias_correction": False},
+        {"lr": 0.01, "betas": (0.8, 0.99), "eps": 1e-3, "weight_decay": 0.1},
+        {"lr": 0.01, "grad_averaging": False},
+        {"lr": 0.01, "trust_clip": True},
+        {"lr": 0.01, "weight_decay": 0.0},  # no trust ratio
+        {"lr": 0.01, "weight_decay": 0.0, "always_adapt": True},
+        {"lr": 0.01, "caution": True},
+        {"lr": 0.01, "weight_decay": 0.1, "decoupled_decay": True},
+        {"lr": 0.01, "weight_decay": 0.1, "decoupled_decay": True, "corrected_weight_decay": True},
+    ],
+    "Lars": [
+        {"lr": 0.1},  # no momentum, no weight decay: SGD
+        {"lr": 0.1, "momentum": 0.9},
+        {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01},
+        {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01, "dampening": 0.3},
+        {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01, "nesterov": True},
+        {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01, "trust_coeff": 0.02, "eps": 1e-3},
+        {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01, "trust_clip": True},
+        {"lr": 0.1, "momentum": 0.9, "always_adapt": True},
+        {"lr": 0.1, "momentum": 0.9, "always_adapt": True, "eps": 0.0},
+    ],
+    "Adan": [
+        {"lr": 0.01},
+        {"lr": 0.01, "betas": (0.9, 0.8, 0.95), "eps": 1e-3},
+        {"lr": 0.01, "weight_decay": 0.1},
+        {"lr": 0.01, "weight_decay": 0.1, "no_prox": True},
+    ],
+    "AdaBelief": [
+        {"lr": 0.01},
+        {"lr": 0.01, "betas": (0.8, 0.9), "eps": 1e-8},  # rectified from the 6th step
+        {"lr": 0.01, "weight_decay": 0.1},
+        {"lr": 0.01, "weight_decay": 0.1, "fixed_decay": True},
+        {"lr": 0.01, "weight_decay": 0.1, "decoupled_decay": False},
+        {"lr": 0.01, "rectify": False},
+        {"lr": 0.01, "betas": (0.8, 0.9), "degenerated_to_sgd": False},
+        {"lr": 0.01, "amsgrad": True},
+        {"lr": 0.01, "amsgrad": True, "rectify": False},
+    ],
+    "NovoGrad": [
+        {"lr": 0.01},
+        {"lr": 0.01, "betas": (0.8, 0.5), "eps": 1e-3},
+        {"lr": 0.01, "weight_decay": 0.1},
+        {"lr": 0.01, "weight_decay": 0.1, "decoupled_decay": True},
+        {"lr": 0.01, "weight_decay": 0.1, "decoupled_decay": True, "corrected_weight_decay": True},
+        {"lr": 0.01, "grad_averaging": True},
+        {"lr": 0.01, "amsgrad": True},
+    ],
+    "MADGRAD": [
+        {"lr": 0.01},
+        {"lr": 0.01, "momentum": 0.5, "eps": 1e-3},
+        {"lr": 0.01, "weight_decay": 0.1},
+        {"lr": 0.01, "weight_decay": 0.1, "decoupled_decay": True},
+        {"lr": 0.01, "momentum": 0.0},
+        {"lr": 0.01, "momentum": 0.0, "weight_decay": 0.1, "decoupled_decay": True},
+    ],
+}
+CASES = [(name, options) for name, sets in OPTIONS.items() for options in sets]
 
 
-def run(make: Callable[[list[torch.nn.Parameter]], Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def make_params() -> list[torch.nn.Parameter]:
     g = torch.Generator().manual_seed(0)
-    params = [
-        torch.nn.Parameter(torch.randn(s, generator=g, dtype=torch.float64)) for s in [(3, 4), (4,), (2, 3)]
-    ]
-    start = [p.detach().clone() for p in params]
-    opt = make(params)
-    for step in range(STEPS):
+    return [torch.nn.Parameter(torch.randn(s, generator=g)) for s in [(3, 4), (4,), (2, 3), (5,)]]
+
+
+def run(make: Callable[[list[dict[str, Any]]], Any], steps: int = STEPS) -> tuple[list[torch.Tensor], Any]:
+    """`steps` steps on two param groups (each group's lr halved after construction, which
+    timm's corrected weight decay sees), of a loss whose gradients' norm is above 1."""
+    params = make_params()
+    opt = make([{"params": params[:2]}, {"params": params[2:]}])
+    for group in opt.param_groups:
+        group["lr"] /= 2
+    for step in range(steps):
         g = torch.Generator().manual_seed(10 + step)
-        targets = [torch.randn(p.shape, generator=g, dtype=torch.float64) for p in params]
+        targets = [torch.randn(p.shape, generator=g) for p in params]
         opt.zero_grad()
         (sum(((p - t) ** 2).sum() for p, t in zip(params, targets)) / 2).backward()
         opt.step()
-    return [p.detach() for p in params], start
+    return params, opt
 
 
-def difference(ours: Callable[..., Any], theirs: Callable[..., Any]) -> float:
-    """The largest difference of the params after STEPS, over the largest distance moved."""
-    with warnings.catch_warnings():
+def compare(ours: Callable[..., Any], theirs: Callable[..., Any]) -> float:
+    """The largest difference of the params and the state entries the two share, after
+    STEPS, over the largest distance a param moved (all in float64, timm's 0-d state too)."""
+    with set_default_dtype(torch.float64), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        (a, start), (b, _) = run(ours), run(theirs)
+        (pa, ours_opt), (pb, theirs_opt) = run(ours), run(theirs)
+    a, b = [p.detach() for p in pa], [p.detach() for p in pb]
+    start = make_params_f64()
     moved = max(float((y - x).abs().max()) for y, x in zip(b, start))
-    return max(float((x - y).abs().max()) for x, y in zip(a, b)) / moved
+    worst = max(float((x - y).abs().max()) for x, y in zip(a, b))
+    for p, q in zip(pa, pb):
+        mine, timms = ours_opt.state[p], theirs_opt.state[q]
+        assert set(timms) - {"neg_pre_grad"} <= set(mine), (
+            f"state keys {sorted(mine)} but timm's {sorted(timms)}"
+        )
+        for key, value in timms.items():
+            if torch.is_tensor(value) and key in mine and key != "step":
+                scale = max(float(value.abs().max()), 1e-30)
+                worst = max(worst, float((mine[key] - value).abs().max()) / scale * moved)
+    return worst / moved
 
 
-AGREE = {  # funcopt's class, timm's with the options under which the two agree, tolerance
-    "Lamb, weight decay, no clipping": (
-        lambda p: fo.Lamb(p, lr=0.01, weight_decay=0.1),
-        lambda p: timm_optim.Lamb(p, lr=0.01, weight_decay=0.1, max_grad_norm=None),
-        1e-12,
-    ),
-    "Lamb, always_adapt": (
-        lambda p: fo.Lamb(p, lr=0.01),
-        lambda p: timm_optim.Lamb(p, lr=0.01, weight_decay=0.0, max_grad_norm=None, always_adapt=True),
-        1e-12,
-    ),
-    "Lars, no weight decay": (
-        lambda p: fo.Lars(p, lr=0.1),
-        lambda p: timm_optim.Lars(p, lr=0.1, momentum=0.9, eps=0.0, always_adapt=True),
-        1e-12,
-    ),
-    "MADGRAD": (lambda p: fo.MADGRAD(p, lr=0.01), lambda p: timm_optim.MADGRAD(p, lr=0.01), 1e-12),
-    "MADGRAD, weight decay": (
-        lambda p: fo.MADGRAD(p, lr=0.01, weight_decay=0.1),
-        lambda p: timm_optim.MADGRAD(p, lr=0.01, weight_decay=0.1),
-        1e-12,
-    ),
-    "AdaBelief, not rectified": (
-        lambda p: fo.AdaBelief(p, lr=0.01),
-        lambda p: timm_optim.AdaBelief(p, lr=0.01, rectify=False),
-        1e-12,
-    ),
-    # timm keeps NovoGrad's second moment as a float32 scalar
-    "NovoGrad": (
-        lambda p: fo.NovoGrad(p, lr=0.01, betas=(0.95, 0.98), eps=1e-8),
-        lambda p: timm_optim.NvNovoGrad(p, lr=0.01),
-        1e-6,
-    ),
-}
-
-DIFFER = {  # where the pages say the two differ (more than `at least`)
-    "Lamb defaults (timm clips the gradients' norm, decays 0.01)": (
-        lambda p: fo.Lamb(p, lr=0.01),
-        lambda p: timm_optim.Lamb(p, lr=0.01),
-        1e-3,
-    ),
-    "Lars with weight decay (timm's trust-ratio denominator)": (
-        lambda p: fo.Lars(p, lr=0.1, weight_decay=0.01),
-        lambda p: timm_optim.Lars(p, lr=0.1, momentum=0.9, weight_decay=0.01, eps=0.0),
-        1e-4,
-    ),
-    "Adan (optax weights the gradient difference by 1 - b2)": (
-        lambda p: fo.Adan(p, lr=0.01, eps_root=0.0),
-        lambda p: timm_optim.Adan(p, lr=0.01, no_prox=True),
-        0.1,
-    ),
-    "AdaBelief rectified (timm's default)": (
-        lambda p: fo.AdaBelief(p, lr=0.01),
-        lambda p: timm_optim.AdaBelief(p, lr=0.01),
-        0.1,
-    ),
-}
+def make_params_f64() -> list[torch.Tensor]:
+    with set_default_dtype(torch.float64):
+        return [p.detach() for p in make_params()]
 
 
-@pytest.mark.parametrize("case", list(AGREE))
-def test_agrees_with_timm(case):
-    ours, theirs, tol = AGREE[case]
-    assert difference(ours, theirs) < tol
+def label(case: tuple[str, dict[str, Any]]) -> str:
+    name, options = case
+    return f"{name}-" + ",".join(f"{k}={v}" for k, v in options.items())
 
 
-@pytest.mark.parametrize("case", list(DIFFER))
-def test_differs_from_timm_where_documented(case):
-    ours, theirs, at_least = DIFFER[case]
-    assert difference(ours, theirs) > at_least
+@pytest.mark.parametrize("foreach", [False, True])
+@pytest.mark.parametrize("case", CASES, ids=[label(c) for c in CASES])
+def test_class_equals_timm(case, foreach):
+    name, options = case
+    reference = getattr(timm_optim, TIMM_NAMES.get(name, name))
+    ours = getattr(fo, name)
+    assert (
+        compare(lambda p: ours(p, **options, foreach=foreach), lambda p: reference(p, **options)) < TOLERANCE
+    )
+
+
+@pytest.mark.parametrize("name", ["Lamb", "Lars", "Adan", "AdaBelief"])
+def test_class_equals_timms_foreach_step(name):
+    """timm's multi-tensor step (its default on a GPU) folds its scalars otherwise."""
+    ours, reference = getattr(fo, name), getattr(timm_optim, name)
+    options = OPTIONS[name][2]
+    assert compare(lambda p: ours(p, **options), lambda p: reference(p, **options, foreach=True)) < TOLERANCE
+
+
+def test_constructor_defaults_are_timms():
+    """Each class's arguments and defaults are timm's, in timm's order, less torch's
+    switches (and Adan's ``caution``, which fo.Adan leaves out)."""
+    import inspect
+
+    switches = {"foreach", "capturable", "differentiable", "fused"}
+    for name in OPTIONS:
+        reference = getattr(timm_optim, TIMM_NAMES.get(name, name))
+        left_out = switches | ({"caution"} if name == "Adan" else set())
+        theirs, ours = (
+            [
+                (p.name, p.default)
+                for p in inspect.signature(cls).parameters.values()
+                if p.name not in left_out
+            ]
+            for cls in (reference, getattr(fo, name))
+        )
+        assert ours == theirs, name
+
+
+def test_lamb_clips_the_norm_of_all_groups():
+    """timm's clip divides every gradient by the norm over all param groups: two groups
+    stepping alone in two optimizers (each clipping by its own norm) differ (an eps as
+    large as the gradients makes Adam's step see their scale)."""
+    with set_default_dtype(torch.float64):
+        params = make_params()
+        together = fo.Lamb([{"params": params[:2]}, {"params": params[2:]}], lr=0.01, eps=1.0)
+        apart_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+        apart = [fo.Lamb(apart_params[:2], lr=0.01, eps=1.0), fo.Lamb(apart_params[2:], lr=0.01, eps=1.0)]
+        for p, q in zip(params, apart_params):
+            p.grad = torch.full_like(p, 3.0)
+            q.grad = torch.full_like(q, 3.0)
+        together.step()
+        for opt in apart:
+            opt.step()
+        assert not torch.allclose(params[0], apart_params[0])
+        grads_kept = all(torch.equal(p.grad, torch.full_like(p, 3.0)) for p in params)
+        assert grads_kept  # the clip leaves .grad as it was (as timm)
+
+
+def test_lamb_refuses_a_groups_own_max_grad_norm():
+    params = make_params()
+    with pytest.raises(ValueError, match="clips the gradients of all groups together"):
+        fo.Lamb([{"params": params[:2], "max_grad_norm": 2.0}, {"params": params[2:]}])
+    fo.Lamb([{"params": params[:2], "max_grad_norm": 2.0}], max_grad_norm=2.0)  # the constructor's: fine

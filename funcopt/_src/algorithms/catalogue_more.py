@@ -1,6 +1,9 @@
 """Yogi, NAdamW, Signum, ADOPT, AdEMAMix, LARS, NovoGrad and MADGRAD as engine
-`Algorithm`s, for the in-place drop-in classes (``fo.Yogi``, ...): each the math of its
-optax chain (``fo.yogi``, ``fo.nadamw``, ...) as the class ran it, per tensor, to round-off.
+`Algorithm`s, for the in-place drop-in classes (``fo.Yogi``, ...): Yogi to AdEMAMix the
+math of its optax chain (``fo.yogi``, ``fo.nadamw``, ...), per tensor, to round-off; LARS,
+NovoGrad and MADGRAD timm's (``timm.optim.Lars``, ``NvNovoGrad``, ``MADGRAD``), with each
+of timm's options (tests/test_timm_reference.py), while ``fo.lars``, ``fo.novograd`` and
+``fo.madgrad`` stay optax's.
 
 The functional forms ``fo.yogi`` etc. stay optax's chains of public blocks, with optax's
 state trees; these algorithms are the classes' math (and ``YOGI.transform(...)`` its
@@ -19,6 +22,7 @@ from ..core.base import Params
 from ..engine.algorithm import Algorithm
 from ..engine.bounds import Bound, Hyperparams
 from ..engine.ops import Coef, Ops, nonzero, power
+from .sgd import DampedFromSecondStep
 
 __all__ = [
     "LARS",
@@ -306,70 +310,106 @@ ADEMAMIX = Algorithm(
 )
 
 
-# ---------------------------------------------------------------- LARS
+# ---------------------------------------------------------------- LARS (timm's)
 
 
 class LarsState(NamedTuple):
-    """LARS's per-param state: the momentum, of the updates after the trust ratio and the
-    learning rate (optax's ``trace``)."""
+    """LARS's per-param state: the momentum buffer (timm's, as torch's SGD: made at the
+    first step, a copy of the scaled gradient; absent without momentum)."""
 
     momentum_buffer: Params
 
 
-def _lars_initial(**_: Any) -> LarsState:
-    return LarsState(momentum_buffer=0.0)
+def _lars_initial(*, momentum: Coef = 0.0, functional: bool = False, **_: Any) -> LarsState:
+    """As SGD's: a functional state holds the buffer from init, as zeros, and the first
+    step from zeros is the copy (see `DampedFromSecondStep`)."""
+    return LarsState(momentum_buffer=0.0 if functional and nonzero(momentum) else None)
 
 
-def _lars_ratio(param_norm: Coef, update_norm: Coef, trust_coefficient: Coef, eps: Coef) -> Coef:
-    """``trust_coefficient * |p| / (|u| + eps)``, or 1 where either norm is 0 (optax's
-    `scale_by_trust_ratio`)."""
-    if isinstance(param_norm, Tensor) or isinstance(update_norm, Tensor):
-        zero = (param_norm == 0) | (update_norm == 0)
-        return torch.where(zero, 1.0, trust_coefficient * param_norm / (update_norm + eps))
-    if param_norm == 0 or update_norm == 0:
-        return 1.0
-    return trust_coefficient * param_norm / (update_norm + eps)
+def _lars_ratio(
+    w_norm: Coef,
+    g_norm: Coef,
+    *,
+    lr: Coef,
+    trust_coeff: Coef,
+    weight_decay: Coef,
+    eps: Coef,
+    trust_clip: bool,
+) -> Coef:
+    """timm's ``trust_coeff * |p| / (|g| + weight_decay * |p| + eps)``, or 1 where either
+    norm is 0; with `trust_clip` (LARC), divided by lr and at most 1."""
+    if isinstance(w_norm, Tensor) or isinstance(g_norm, Tensor):
+        zero = (w_norm == 0) | (g_norm == 0)
+        ratio = torch.where(zero, 1.0, trust_coeff * w_norm / (g_norm + w_norm * weight_decay + eps))
+        return torch.clamp(ratio / lr, max=1.0) if trust_clip else ratio
+    number = (
+        1.0 if w_norm == 0 or g_norm == 0 else trust_coeff * w_norm / (g_norm + w_norm * weight_decay + eps)
+    )
+    if trust_clip:
+        number = number / lr  # (a tensor where lr is one)
+        return torch.clamp(number, max=1.0) if isinstance(number, Tensor) else min(number, 1.0)
+    return number
 
 
 def _lars_math(
-    o: Ops, out: Tensor | None, p: Tensor, g: Tensor, momentum_buffer: Tensor, coefficients: tuple[Coef],
-    *, momentum: Coef, weight_decay: Coef, trust_coefficient: Coef, eps: Coef, nesterov: bool, **_: Any,
-) -> tuple[Tensor, tuple[Tensor]]:  # fmt: skip
+    o: Ops, out: Tensor | None, p: Tensor, g: Tensor, momentum_buffer: Tensor | None, coefficients: tuple[Coef],
+    *, lr: Coef, momentum: Coef, dampening: Coef = 0.0, weight_decay: Coef, nesterov: bool, trust_coeff: Coef,
+    eps: Coef, trust_clip: bool = False, always_adapt: bool = False, **_: Any,
+) -> tuple[Tensor, tuple[Tensor | None]]:  # fmt: skip
     (neg_lr,) = coefficients
-    update = o.add(g, p, alpha=weight_decay) if nonzero(weight_decay) else g
-    norms = o.item(torch.linalg.vector_norm(p)), o.item(torch.linalg.vector_norm(update))
-    scale = neg_lr * _lars_ratio(*norms, trust_coefficient, eps)
-    momentum_buffer = o.add_(o.mul_(momentum_buffer, momentum), update, alpha=scale)
-    if nesterov:
-        out = o.add_(o.add_(out, momentum_buffer, alpha=momentum), update, alpha=scale)
-    else:
-        out = o.add_(out, momentum_buffer)
+    if nonzero(weight_decay) or always_adapt:  # timm adapts params with weight decay only, by default
+        norms = o.item(torch.linalg.vector_norm(p)), o.item(torch.linalg.vector_norm(g))
+        ratio = _lars_ratio(
+            *norms, lr=lr, trust_coeff=trust_coeff, weight_decay=weight_decay, eps=eps, trust_clip=trust_clip
+        )
+        g = o.mul_(o.add(g, p, alpha=weight_decay), ratio)
+    if nonzero(momentum):
+        if momentum_buffer is None:  # the first step: a copy of the scaled gradient
+            momentum_buffer = o.clone(g)
+        else:
+            momentum_buffer = o.add_(o.mul_(momentum_buffer, momentum), g, alpha=1 - dampening)
+        g = o.add(g, momentum_buffer, alpha=momentum) if nesterov else momentum_buffer
+    out = o.add_(out, g, alpha=neg_lr)
     return out, (momentum_buffer,)
 
 
-LARS = Algorithm(
+def _lars_validate(hp: Hyperparams) -> None:
+    momentum, dampening = hp.get("momentum", 0), hp.get("dampening", 0)
+    if hp.get("nesterov") and not isinstance(momentum, Tensor) and not isinstance(dampening, Tensor):
+        if momentum <= 0 or dampening != 0:
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+
+
+LARS = DampedFromSecondStep(
     name="Lars",
     state=LarsState,
     counters=(),
     initial=_lars_initial,
     schedule=_lr_schedule,
     elementwise=_lars_math,
-    bounds=_bounds(momentum=True),
-    per_element=False,  # the trust ratio: norms of the param and its update
+    bounds=(
+        Bound("lr", "Invalid learning rate: {}"),
+        Bound("momentum", "Invalid momentum value: {}"),
+        Bound("weight_decay", "Invalid weight_decay value: {}"),
+    ),
+    per_element=False,  # the trust ratio: norms of the param and its gradient
+    validate=_lars_validate,
     needs_params=True,  # the param's norm
 )
 
 
-# ---------------------------------------------------------------- NovoGrad
+# ---------------------------------------------------------------- NovoGrad (timm's NvNovoGrad)
 
 
 class NovoGradState(NamedTuple):
-    """NovoGrad's per-param state: the step count, the momentum and the second moment of
-    the gradient's norm (one number per param, a 0-d tensor)."""
+    """NovoGrad's per-param state: the step count, the momentum, the second moment of the
+    gradient's norm and its running maximum with ``amsgrad`` (one number per param, 0-d
+    tensors)."""
 
     step: Params
     exp_avg: Params
     exp_avg_sq: Params
+    max_exp_avg_sq: Params
 
 
 def _scalar_like(p: Tensor) -> Tensor:
@@ -377,30 +417,45 @@ def _scalar_like(p: Tensor) -> Tensor:
     return torch.zeros((), dtype=p.dtype, device=p.device)
 
 
-def _novograd_initial(**_: Any) -> NovoGradState:
-    return NovoGradState(step=0.0, exp_avg=0.0, exp_avg_sq=_scalar_like)
+def _novograd_initial(*, amsgrad: bool = False, **_: Any) -> NovoGradState:
+    return NovoGradState(
+        step=0.0, exp_avg=0.0, exp_avg_sq=_scalar_like, max_exp_avg_sq=_scalar_like if amsgrad else None
+    )
 
 
 def _novograd_schedule(
-    step: Coef, *, lr: Coef, betas: tuple[Coef, Coef], **_: Any
-) -> tuple[tuple[Coef], tuple]:
-    # the first step sets the second moment to the squared norm (weight 1, not 1 - b2)
-    return (step + 1,), (-lr, 1 - betas[1] * _started(step))
+    step: Coef, *, lr: Coef, weight_decay: Coef, corrected_weight_decay: bool = False,
+    max_lr_snapshot: Coef = 1.0, **_: Any,
+) -> tuple[tuple[Coef], tuple]:  # fmt: skip
+    scale = lr**2 / max_lr_snapshot if corrected_weight_decay else lr
+    return (step + 1,), (-lr, 1 - scale * weight_decay)
 
 
 def _novograd_math(
     o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
-    coefficients: tuple[Coef, Coef], *, betas: tuple[Coef, Coef], eps: Coef, weight_decay: Coef, **_: Any,
-) -> tuple[Tensor, tuple[Tensor, Tensor]]:  # fmt: skip
-    neg_lr, weight2 = coefficients
-    norm = torch.linalg.vector_norm(g)
-    exp_avg_sq = o.lerp_(exp_avg_sq, norm * norm, weight2)
-    step = o.div(g, o.add_(o.sqrt(exp_avg_sq), eps))
+    max_exp_avg_sq: Tensor | None, coefficients: tuple[Coef, Coef], *, betas: tuple[Coef, Coef], eps: Coef,
+    weight_decay: Coef, grad_averaging: bool = False, amsgrad: bool = False, decoupled_decay: bool = False,
+    **_: Any,
+) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor | None]]:  # fmt: skip
+    neg_lr, decay = coefficients
+    beta1, beta2 = betas
+    norm = torch.sum(g * g)
+    # timm: a second moment still 0 takes the squared norm itself (the first step)
+    blended = o.add(o.mul(exp_avg_sq, beta2), norm, alpha=1 - beta2)
+    exp_avg_sq = o.copy_(exp_avg_sq, o.where(o.eq(exp_avg_sq, 0), norm, blended))
+    if amsgrad:
+        max_exp_avg_sq = o.maximum_(max_exp_avg_sq, exp_avg_sq)
+    update = o.div(g, o.add_(o.sqrt(max_exp_avg_sq if amsgrad else exp_avg_sq), eps))
     if nonzero(weight_decay):
-        step = o.add_(step, p, alpha=weight_decay)
-    exp_avg = o.add_(o.mul_(exp_avg, betas[0]), step)  # the first step: the step itself
+        if decoupled_decay:
+            out = o.decay_(out, p, decay)
+        else:
+            update = o.add_(update, p, alpha=weight_decay)
+    if grad_averaging:
+        update = o.mul_(update, 1 - beta1)
+    exp_avg = o.add_(o.mul_(exp_avg, beta1), update)
     out = o.add_(out, exp_avg, alpha=neg_lr)
-    return out, (exp_avg, exp_avg_sq)
+    return out, (exp_avg, exp_avg_sq, max_exp_avg_sq)
 
 
 NOVOGRAD = Algorithm(
@@ -416,12 +471,13 @@ NOVOGRAD = Algorithm(
 )
 
 
-# ---------------------------------------------------------------- MADGRAD
+# ---------------------------------------------------------------- MADGRAD (timm's)
 
 
 class MADGRADState(NamedTuple):
     """MADGRAD's per-param state: the step count, the weighted sums of the squared
-    gradients and of the gradients, and the initial param (the authors' keys)."""
+    gradients and of the gradients, and the initial param (the authors' keys; no ``x0``
+    without momentum, as timm)."""
 
     step: Params
     grad_sum_sq: Params
@@ -433,29 +489,42 @@ def _clone(p: Tensor) -> Tensor:
     return torch.clone(p, memory_format=torch.preserve_format)
 
 
-def _madgrad_initial(**_: Any) -> MADGRADState:
-    return MADGRADState(step=0.0, grad_sum_sq=0.0, s=0.0, x0=_clone)
+def _madgrad_initial(*, momentum: Coef = 0.9, **_: Any) -> MADGRADState:
+    return MADGRADState(step=0.0, grad_sum_sq=0.0, s=0.0, x0=_clone if nonzero(momentum) else None)
 
 
-def _madgrad_schedule(step: Coef, *, lr: Coef, eps: Coef, **_: Any) -> tuple[tuple[Coef], tuple]:
+def _madgrad_schedule(
+    step: Coef, *, lr: Coef, eps: Coef, weight_decay: Coef, **_: Any
+) -> tuple[tuple[Coef], tuple]:
     """The weight ``(lr + eps) * sqrt(k + 1)`` of the k-th step (from 0), in double
-    precision (optax rounds ``sqrt(k + 1)`` to float32)."""
+    precision (optax rounds ``sqrt(k + 1)`` to float32), and the decoupled decay factor."""
     root = torch.sqrt(step + 1) if isinstance(step, Tensor) else math.sqrt(step + 1)
-    return (step + 1,), ((lr + eps) * root,)
+    return (step + 1,), ((lr + eps) * root, 1 - lr * weight_decay)
 
 
 def _madgrad_math(
-    o: Ops, out: Tensor | None, p: Tensor, g: Tensor, grad_sum_sq: Tensor, s: Tensor, x0: Tensor,
-    coefficients: tuple[Coef], *, momentum: Coef, weight_decay: Coef, eps: Coef, **_: Any,
-) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:  # fmt: skip
-    (weight,) = coefficients
-    if nonzero(weight_decay):  # optax's add_decayed_weights, before the step
-        g = o.add(g, p, alpha=weight_decay)
+    o: Ops, out: Tensor | None, p: Tensor, g: Tensor, grad_sum_sq: Tensor, s: Tensor, x0: Tensor | None,
+    coefficients: tuple[Coef, Coef], *, momentum: Coef, weight_decay: Coef, eps: Coef,
+    decoupled_decay: bool = False, **_: Any,
+) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor | None]]:  # fmt: skip
+    weight, decay = coefficients
+    factor = 1.0  # what multiplies the param: decoupled decay, then momentum
+    if nonzero(weight_decay):
+        if decoupled_decay:
+            factor = decay
+        else:
+            g = o.add(g, p, alpha=weight_decay)
+    if not nonzero(momentum):  # timm keeps no x0: the param plus s / rms, before this step
+        if isinstance(factor, Tensor) or factor != 1.0:
+            out = o.decay_(out, p, factor)
+        out = o.addcdiv_(out, s, o.add_(torch.pow(grad_sum_sq, 1 / 3), eps))
     grad_sum_sq = o.addcmul_(grad_sum_sq, g, g, value=weight)
     s = o.add_(s, g, alpha=weight)
     denom = o.add_(torch.pow(grad_sum_sq, 1 / 3), eps)  # one tensor: not per_element, for this op
+    if not nonzero(momentum):
+        return o.addcdiv_(out, s, denom, value=-1), (grad_sum_sq, s, x0)
     # the param moves to momentum * p + (1 - momentum) * z, with z = x0 - s / denom
-    out = o.decay_(out, p, momentum)
+    out = o.decay_(out, p, factor * momentum)
     out = o.addcdiv_(o.add_(out, x0, alpha=1 - momentum), s, denom, value=-(1 - momentum))
     return out, (grad_sum_sq, s, x0)
 

@@ -1,16 +1,17 @@
 """LAMB, Adan and AdaBelief as engine `Algorithm`s, for the in-place drop-in classes
-``fo.Lamb``, ``fo.Adan`` and ``fo.AdaBelief``: optax's math (``optax.lamb``,
-``optax.adan``, ``optax.adabelief``) per tensor, to round-off.
+``fo.Lamb``, ``fo.Adan`` and ``fo.AdaBelief``: timm's math (``timm.optim.Lamb``,
+``Adan``, ``AdaBelief``, timm 1.0.31), with each of timm's options a hyperparameter or
+switch here, per tensor, to float64 round-off (tests/test_timm_reference.py).
 
-The functional forms ``fo.lamb``, ``fo.adan`` and ``fo.adabelief`` stay optax's chains of public blocks
-(`scale_by_adam`, `scale_by_trust_ratio`, `scale_by_adan`, `scale_by_belief`), with optax's state
-trees, as the issue asks of every optax alias; these algorithms are the classes' math
-(and ``LAMB.transform(...)``, ``ADAN.transform(...)`` its functional face), equal to
-those chains to round-off (tests/test_catalogue_classes.py compares them).
+The functional forms ``fo.lamb``, ``fo.adan`` and ``fo.adabelief`` stay optax's chains of
+public blocks (`scale_by_adam`, `scale_by_trust_ratio`, `scale_by_adan`, `scale_by_belief`),
+with optax's math and state trees, as the issue asks of every optax alias; the algorithm
+pages (docs/algorithms/lamb.md, ...) say where the two differ.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import torch
@@ -37,11 +38,34 @@ def _bounds(*betas: int, weight_decay: bool = True) -> tuple[Bound, ...]:
     )
 
 
+def _started(step: Coef) -> Coef:
+    """0 at the first step, 1 after it (`step` is the count of steps taken)."""
+    return torch.clamp(step, max=1.0) if isinstance(step, Tensor) else min(step, 1.0)
+
+
+def _root(x: Coef) -> Coef:
+    return torch.sqrt(x) if isinstance(x, Tensor) else math.sqrt(x)
+
+
+def decay_scale(lr: Coef, corrected_weight_decay: bool, max_lr_snapshot: Coef) -> Coef:
+    """What multiplies weight_decay in timm's decoupled decay: lr, or ``lr**2 / max_lr``
+    with ``corrected_weight_decay`` (the constructor's lr, timm's ``max_lr_snapshot``)."""
+    return lr**2 / max_lr_snapshot if corrected_weight_decay else lr
+
+
+def cautious(o: Ops, update: Tensor, g: Tensor) -> Tensor:
+    """Cautious Optimizers (Liang et al. 2024), as timm: the update where it agrees in sign
+    with the gradient, rescaled by the share of such entries (at least 1e-3). A mean over
+    the whole tensor: for algorithms that step each param whole (not `per_element`)."""
+    mask = (update * g > 0).to(update.dtype)
+    return o.mul_(update, mask / mask.mean().clamp(min=1e-3))
+
+
 # ---------------------------------------------------------------- LAMB
 
 
 class LambState(NamedTuple):
-    """LAMB's per-param state: the step count, Adam's two moments (torch's keys)."""
+    """LAMB's per-param state: the step count, Adam's two moments (timm's keys)."""
 
     step: Params
     exp_avg: Params
@@ -52,35 +76,55 @@ def _lamb_initial(**_: Any) -> LambState:
     return LambState(step=0.0, exp_avg=0.0, exp_avg_sq=0.0)
 
 
-def _lamb_schedule(step: Coef, *, lr: Coef, betas: tuple[Coef, Coef], **_: Any) -> tuple[tuple[Coef], tuple]:
+def _lamb_schedule(
+    step: Coef, *, lr: Coef, betas: tuple[Coef, Coef], weight_decay: Coef, bias_correction: bool = True,
+    corrected_weight_decay: bool = False, max_lr_snapshot: Coef = 1.0, **_: Any,
+) -> tuple[tuple[Coef], tuple]:  # fmt: skip
     t = step + 1
-    return (t,), (-lr, 1 - power(betas[0], t), 1 - power(betas[1], t))
+    bc1, bc2 = (1 - power(betas[0], t), 1 - power(betas[1], t)) if bias_correction else (1.0, 1.0)
+    decay = 1 - decay_scale(lr, corrected_weight_decay, max_lr_snapshot) * weight_decay
+    return (t,), (-lr, bc1, bc2**0.5, decay)
 
 
-def _trust_ratio(param_norm: Coef, update_norm: Coef) -> Coef:
-    """``|p| / |u|``, or 1 where either is 0 (optax's `scale_by_trust_ratio`)."""
+def _trust_ratio(param_norm: Coef, update_norm: Coef, clip: bool = False) -> Coef:
+    """``|p| / |u|``, or 1 where either is 0; at most 1 with `clip` (timm's LAMBC)."""
     if isinstance(param_norm, Tensor) or isinstance(update_norm, Tensor):
         zero = (param_norm == 0) | (update_norm == 0)
-        return torch.where(zero, 1.0, param_norm / torch.where(zero, 1.0, update_norm))
-    return 1.0 if param_norm == 0 or update_norm == 0 else param_norm / update_norm
+        ratio = torch.where(zero, 1.0, param_norm / torch.where(zero, 1.0, update_norm))
+        return torch.clamp(ratio, max=1.0) if clip else ratio
+    number = 1.0 if param_norm == 0 or update_norm == 0 else param_norm / update_norm
+    return min(number, 1.0) if clip else number
 
 
 def _lamb_math(
     o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
-    coefficients: tuple[Coef, Coef, Coef], *, betas: tuple[Coef, Coef], eps: Coef, eps_root: Coef,
-    weight_decay: Coef, **_: Any,
+    coefficients: tuple[Coef, ...], *, betas: tuple[Coef, Coef], eps: Coef, weight_decay: Coef,
+    grad_averaging: bool = True, trust_clip: bool = False, always_adapt: bool = False, caution: bool = False,
+    decoupled_decay: bool = False, grad_divisor: Coef = 1.0, **_: Any,
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:  # fmt: skip
-    neg_lr, bc1, bc2 = coefficients
+    neg_lr, bc1, bc2_sqrt, decay = coefficients
     beta1, beta2 = betas
-    exp_avg = o.lerp_(exp_avg, g, 1 - beta1)
+    if isinstance(grad_divisor, Tensor) or grad_divisor != 1.0:  # fo.Lamb's global-norm clip
+        g = o.div(g, grad_divisor)
+    if grad_averaging:
+        exp_avg = o.lerp_(exp_avg, g, 1 - beta1)
+    else:
+        exp_avg = o.add_(o.mul_(exp_avg, beta1), g)
     exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), g, g, value=1 - beta2)
-    nu_hat = o.div(exp_avg_sq, bc2)
-    if nonzero(eps_root):
-        nu_hat = o.add_(nu_hat, eps_root)
-    update = o.div_(o.div(exp_avg, bc1), o.add_(o.sqrt_(nu_hat), eps))  # Adam's step
+    denom = o.add_(o.div_(o.sqrt(exp_avg_sq), bc2_sqrt), eps)
+    update = o.div_(o.div(exp_avg, bc1), denom)  # Adam's step
+    if caution:
+        update = cautious(o, update, g)
+    adapt = nonzero(weight_decay) or always_adapt
+    param_norm = o.item(torch.linalg.vector_norm(p)) if adapt else 1.0
     if nonzero(weight_decay):
-        update = o.add_(update, p, alpha=weight_decay)
-    ratio = _trust_ratio(o.item(torch.linalg.vector_norm(p)), o.item(torch.linalg.vector_norm(update)))
+        if decoupled_decay:  # the trust ratio reads the decayed param
+            out = o.decay_(out, p, decay)
+            param_norm = param_norm * abs(decay)
+        else:
+            update = o.add_(update, p, alpha=weight_decay)
+    # timm skips the trust ratio for params without weight decay, unless always_adapt
+    ratio = _trust_ratio(param_norm, o.item(torch.linalg.vector_norm(update)), trust_clip) if adapt else 1.0
     out = o.add_(out, update, alpha=neg_lr * ratio)
     return out, (exp_avg, exp_avg_sq)
 
@@ -96,6 +140,9 @@ LAMB = Algorithm(
     per_element=False,  # the trust ratio: norms of the param and its update
     needs_params=True,  # the trust ratio reads the param's norm
 )
+"""timm's Lamb, less its clip of the gradients' global norm (``max_grad_norm``), which
+reads all param groups at once: ``fo.Lamb`` computes it and hands the math its divisor,
+``grad_divisor`` (1: no clip)."""
 
 
 # ---------------------------------------------------------------- Adan
@@ -103,7 +150,8 @@ LAMB = Algorithm(
 
 class AdanState(NamedTuple):
     """Adan's per-param state: the step count, the moments of the gradient, of its
-    difference from the last one and of their Nesterov sum, and the last gradient."""
+    difference from the last one and of their Nesterov sum, and the last gradient
+    (timm keeps its negative, ``neg_pre_grad``)."""
 
     step: Params
     exp_avg: Params
@@ -117,37 +165,47 @@ def _adan_initial(**_: Any) -> AdanState:
 
 
 def _adan_schedule(
-    step: Coef, *, lr: Coef, betas: tuple[Coef, Coef, Coef], **_: Any
+    step: Coef,
+    *,
+    lr: Coef,
+    betas: tuple[Coef, Coef, Coef],
+    weight_decay: Coef,
+    no_prox: bool = False,
+    **_: Any,
 ) -> tuple[tuple[Coef], tuple]:
     t = step + 1
     beta1, beta2, beta3 = betas
-    # no difference at the first step (the last gradient is not there yet)
-    diff_weight = (1 - beta2) * (torch.clamp(step, max=1.0) if isinstance(step, Tensor) else min(step, 1.0))
-    bc2 = 1 - power(beta2, t)
-    return (t,), (-lr, 1 - power(beta1, t), (1 - beta2) / bc2, 1 - power(beta3, t), diff_weight)
+    # timm's proximal decay divides the param by 1 + lr * wd after the step (no_prox:
+    # multiplies it by 1 - lr * wd before): both as one factor of the param and the step
+    decay = 1 - lr * weight_decay if no_prox else 1 / (1 + lr * weight_decay)
+    step_scale = 1.0 if no_prox else decay
+    return (t,), (
+        -lr / (1 - power(beta1, t)) * step_scale,
+        -lr * beta2 / (1 - power(beta2, t)) * step_scale,
+        _root(1 - power(beta3, t)),
+        _started(step),  # no difference at the first step (the last gradient is not there yet)
+        decay,
+    )
 
 
 def _adan_math(
     o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_diff: Tensor, exp_avg_sq: Tensor,
     prev_grad: Tensor, coefficients: tuple[Coef, ...], *, betas: tuple[Coef, Coef, Coef], eps: Coef,
-    eps_root: Coef, weight_decay: Coef, **_: Any,
+    weight_decay: Coef, **_: Any,
 ) -> tuple[Tensor, tuple[Tensor, ...]]:  # fmt: skip
-    neg_lr, bc1, v_scale, bc3, diff_weight = coefficients
+    neg_step, neg_step_diff, bc3_sqrt, started, decay = coefficients
     beta1, beta2, beta3 = betas
-    diff = o.sub(g, prev_grad)
+    diff = o.mul_(o.sub(g, prev_grad), started)
     exp_avg = o.lerp_(exp_avg, g, 1 - beta1)
-    exp_avg_diff = o.add_(o.mul_(exp_avg_diff, beta2), diff, alpha=diff_weight)
-    nesterov = o.add(g, diff, alpha=diff_weight)  # g + (1 - b2) diff
+    exp_avg_diff = o.add_(o.mul_(exp_avg_diff, beta2), diff, alpha=1 - beta2)
+    nesterov = o.add_(o.mul_(diff, beta2), g)  # g + b2 (g - g_prev), as timm
     exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta3), nesterov, nesterov, value=1 - beta3)
     prev_grad = o.copy_(prev_grad, g)
-    n_hat = o.div(exp_avg_sq, bc3)
-    if nonzero(eps_root):
-        n_hat = o.add_(n_hat, eps_root)
-    update = o.add_(o.div(exp_avg, bc1), exp_avg_diff, alpha=v_scale)  # m_hat + (1 - b2) v_hat
-    update = o.div_(update, o.add_(o.sqrt_(n_hat), eps))
+    denom = o.add_(o.div_(o.sqrt(exp_avg_sq), bc3_sqrt), eps)
     if nonzero(weight_decay):
-        update = o.add_(update, p, alpha=weight_decay)
-    out = o.add_(out, update, alpha=neg_lr)
+        out = o.decay_(out, p, decay)
+    out = o.addcdiv_(out, exp_avg, denom, value=neg_step)
+    out = o.addcdiv_(out, exp_avg_diff, denom, value=neg_step_diff)
     return out, (exp_avg, exp_avg_diff, exp_avg_sq, prev_grad)
 
 
@@ -177,32 +235,88 @@ ADAN = Algorithm(
 
 
 class AdaBeliefState(NamedTuple):
-    """AdaBelief's per-param state: the step count, the first moment and the second
-    moment of the gradient's deviation from it (timm's keys)."""
+    """AdaBelief's per-param state: the step count, the first moment, the second moment
+    of the gradient's deviation from it, and its running maximum with ``amsgrad``
+    (timm's keys)."""
 
     step: Params
     exp_avg: Params
     exp_avg_var: Params
+    max_exp_avg_var: Params
 
 
-def _adabelief_initial(**_: Any) -> AdaBeliefState:
-    return AdaBeliefState(step=0.0, exp_avg=0.0, exp_avg_var=0.0)
+def _adabelief_initial(*, amsgrad: bool = False, **_: Any) -> AdaBeliefState:
+    return AdaBeliefState(step=0.0, exp_avg=0.0, exp_avg_var=0.0, max_exp_avg_var=0.0 if amsgrad else None)
+
+
+def _adabelief_schedule(
+    step: Coef, *, lr: Coef, betas: tuple[Coef, Coef], weight_decay: Coef, fixed_decay: bool = False,
+    rectify: bool = True, degenerated_to_sgd: bool = True, **_: Any,
+) -> tuple[tuple[Coef], tuple]:  # fmt: skip
+    """-lr / bias correction 1, the root of bias correction 2, the decoupled decay factor,
+    and with ``rectify`` RAdam's two step sizes (times -lr): of the adaptive step while the
+    variance is tractable (``num_sma >= 5``), else of the SGD step (0 without
+    ``degenerated_to_sgd``); one of the two is 0."""
+    t = step + 1
+    beta1, beta2 = betas
+    bc1, beta2_t = 1 - power(beta1, t), power(beta2, t)
+    decay = 1 - weight_decay if fixed_decay else 1 - lr * weight_decay
+    if not rectify:
+        return (t,), (-(lr / bc1), _root(1 - beta2_t), decay, 0.0, 0.0)
+    sma_max = 2 / (1 - beta2) - 1
+    sma = sma_max - 2 * t * beta2_t / (1 - beta2_t)
+    sgd = 1.0 / bc1 if degenerated_to_sgd else 0.0
+    if not isinstance(sma, Tensor):
+        if sma < 5:
+            return (t,), (0.0, 1.0, decay, 0.0, -sgd * lr)
+        return (t,), (0.0, 1.0, decay, -_rectified(sma, sma_max, beta2_t, bc1) * lr, 0.0)
+    adaptive = sma >= 5  # no branch on a tensor: the unused term from values where it is defined
+    size = _rectified(torch.where(adaptive, sma, 6.0), sma_max, beta2_t, bc1)
+    return (t,), (
+        0.0,
+        1.0,
+        decay,
+        torch.where(adaptive, -size * lr, 0.0),
+        torch.where(adaptive, 0.0, -sgd * lr),
+    )
+
+
+def _rectified(sma: Coef, sma_max: Coef, beta2_t: Coef, bc1: Coef) -> Coef:
+    """RAdam's step size (timm's, lr left out)."""
+    return _root(
+        (1 - beta2_t) * (sma - 4) / (sma_max - 4) * (sma - 2) / sma * sma_max / (sma_max - 2)
+    ) / bc1  # fmt: skip
 
 
 def _adabelief_math(
     o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_var: Tensor,
-    coefficients: tuple[Coef, Coef, Coef], *, betas: tuple[Coef, Coef], eps: Coef, eps_root: Coef, **_: Any,
-) -> tuple[Tensor, tuple[Tensor, Tensor]]:  # fmt: skip
-    neg_lr, bc1, bc2 = coefficients
+    max_exp_avg_var: Tensor | None, coefficients: tuple[Coef, ...], *, betas: tuple[Coef, Coef], eps: Coef,
+    weight_decay: Coef, amsgrad: bool = False, decoupled_decay: bool = True, rectify: bool = True, **_: Any,
+) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor | None]]:  # fmt: skip
+    neg_step, bc2_sqrt, decay, neg_adaptive, neg_sgd = coefficients
     beta1, beta2 = betas
+    if nonzero(weight_decay):
+        if decoupled_decay:
+            out = o.decay_(out, p, decay)
+        else:
+            g = o.add(g, p, alpha=weight_decay)
     exp_avg = o.lerp_(exp_avg, g, 1 - beta1)
-    deviation = o.sub(g, exp_avg)
-    exp_avg_var = o.addcmul_(o.mul_(exp_avg_var, beta2), deviation, deviation, value=1 - beta2)
-    if nonzero(eps_root):  # optax adds it to the state itself, at each step
-        exp_avg_var = o.add_(exp_avg_var, eps_root)
-    denom = o.add_(o.sqrt_(o.div(exp_avg_var, bc2)), eps)
-    out = o.addcdiv_(out, o.div(exp_avg, bc1), denom, value=neg_lr)
-    return out, (exp_avg, exp_avg_var)
+    residual = o.sub(g, exp_avg)
+    exp_avg_var = o.addcmul_(o.mul_(exp_avg_var, beta2), residual, residual, value=1 - beta2)
+    exp_avg_var = o.add_(exp_avg_var, eps)  # timm adds eps to the state at each step
+    if amsgrad:
+        max_exp_avg_var = o.maximum_(max_exp_avg_var, exp_avg_var)
+    if not rectify:
+        denom = o.add_(o.div_(o.sqrt(max_exp_avg_var if amsgrad else exp_avg_var), bc2_sqrt), eps)
+        out = o.addcdiv_(out, exp_avg, denom, value=neg_step)
+        return out, (exp_avg, exp_avg_var, max_exp_avg_var)
+    if nonzero(neg_adaptive):  # timm's rectified step reads exp_avg_var, amsgrad or not
+        out = o.addcdiv_(out, exp_avg, o.add_(o.sqrt(exp_avg_var), eps), value=neg_adaptive)
+    if nonzero(neg_sgd):
+        out = o.add_(out, exp_avg, alpha=neg_sgd)
+    if out is None:  # no step (timm's, without degenerated_to_sgd), as a zero update
+        out = o.add_(out, exp_avg, alpha=0.0)
+    return out, (exp_avg, exp_avg_var, max_exp_avg_var)
 
 
 ADABELIEF = Algorithm(
@@ -210,7 +324,7 @@ ADABELIEF = Algorithm(
     state=AdaBeliefState,
     counters=("step",),
     initial=_adabelief_initial,
-    schedule=_lamb_schedule,  # the same coefficients: -lr and Adam's bias corrections
+    schedule=_adabelief_schedule,
     elementwise=_adabelief_math,
-    bounds=_bounds(0, 1, weight_decay=False),
+    bounds=_bounds(0, 1),
 )

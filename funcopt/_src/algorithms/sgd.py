@@ -37,7 +37,7 @@ class SGDState(NamedTuple):
 def _initial(*, momentum: Coef = 0.0, functional: bool = False, **_: Any) -> SGDState:
     """torch makes the momentum buffer at the first step, a copy of the gradient. A
     functional state holds it from init, as zeros, so that its structure never changes
-    (`_SGD` makes the first step's dampening 0, so that the step from zeros is that copy)."""
+    (`DampedFromSecondStep` makes the first step's dampening 0, so that the step from zeros is that copy)."""
     return SGDState(momentum_buffer=0.0 if functional and nonzero(momentum) else None)
 
 
@@ -57,9 +57,11 @@ class _FromSecondStep:
         return torch.where(count > 0, value, torch.zeros((), dtype=value.dtype, device=value.device))
 
 
-class _SGD(Algorithm):
-    """SGD's functional transformation counts its steps where it has momentum and a
-    dampening that may be nonzero (see `_FromSecondStep`)."""
+class DampedFromSecondStep(Algorithm):
+    """An algorithm with torch's SGD momentum buffer (SGD's, Lars's): made at the first
+    step as a copy of the gradient, dampened from the second. Its functional
+    transformation counts its steps where it has momentum and a dampening that may be
+    nonzero (see `_FromSecondStep`)."""
 
     def __call__(self, **hyperparams: Any) -> GradientTransformation:
         momentum, dampening = hyperparams.get("momentum", 0.0), hyperparams.get("dampening", 0.0)
@@ -117,7 +119,7 @@ def _validate(hp: Hyperparams) -> None:
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
 
 
-SGD_ = _SGD(
+SGD_ = DampedFromSecondStep(
     name="SGD",
     state=SGDState,
     counters=(),

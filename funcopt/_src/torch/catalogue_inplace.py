@@ -1,17 +1,20 @@
-"""The drop-in classes `Lamb`, `Adan` and `AdaBelief`, on the engine's in-place path: each is
-`fo.Optimizer` running its `Algorithm` (``algorithms/lamb_adan.py``: optax's math per
-tensor) in place, with foreach lists for Adan and AdaBelief (per element) and one param at a time for
-Lamb (its trust ratio reads each param's norm). The functional forms are optax's chains
-(`fo.lamb`, `fo.adan`, `fo.adabelief`), equal to these classes to round-off.
+"""The drop-in classes of issue 64's catalogue on the engine's in-place path: each is
+`fo.Optimizer` running its `Algorithm` in place.
 
-Likewise Yogi, NAdamW, Signum, Adopt and AdEMAMix (foreach lists), Lars, NovoGrad and
-MADGRAD (one param at a time), over the Algorithms of ``algorithms/catalogue_more.py``."""
+`Lamb`, `Adan`, `AdaBelief` (``algorithms/lamb_adan.py``), `Lars`, `NovoGrad` and
+`MADGRAD` (``algorithms/catalogue_more.py``) follow timm's classes of those names
+(NovoGrad: timm's ``NvNovoGrad``), with timm's arguments, defaults and options; their
+functional forms (`fo.lamb`, ...) are optax's chains, whose math differs (see each
+algorithm's page). Yogi, NAdamW, Signum, Adopt and AdEMAMix follow optax's chains
+(`fo.yogi`, ...), to round-off. Lamb, Lars, NovoGrad and MADGRAD step one param at a time
+(a norm or a cube root per param), the others with foreach lists."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
 from ..algorithms.catalogue_more import ADEMAMIX, ADOPT, LARS, NADAMW, NOVOGRAD, SIGNUM, YOGI
@@ -42,19 +45,42 @@ def _switches(
     return dict(foreach=foreach, capturable=capturable, differentiable=differentiable, **fused_flag(fused))
 
 
+def _max_lr(lr: float | Tensor, corrected_weight_decay: bool) -> float:
+    """timm's ``max_lr_snapshot``: the constructor's lr, a float, which corrected weight
+    decay (``lr**2 / max_lr``) reads; it must then be positive."""
+    max_lr = float(lr.detach()) if isinstance(lr, Tensor) else float(lr)
+    if corrected_weight_decay and max_lr <= 0:
+        raise ValueError(
+            f"Corrected weight decay requires a positive max lr, got {max_lr}. Construct the optimizer "
+            "with the peak lr."
+        )
+    return max_lr
+
+
 class _RenamesOldKeys(Optimizer):
     """Loads a state_dict of the earlier class too: `fo.Optimizer` over optax's chain,
     whose state keys were the chain's (``'0.mu'``); the step count becomes torch's float
     ``step``. A key mapped to ``""`` is dropped (a count the new state does not keep)."""
 
     old_keys: dict[str, str] = {}
+    old_group_keys: dict[str, str] = {}  # hyperparameters renamed since (Lars's trust_coefficient)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         states = state_dict.get("state", {})
         if any(key in self.old_keys for state in states.values() for key in state):
             states = {i: self._renamed(state) for i, state in states.items()}
             state_dict = {**state_dict, "state": states}
+        groups = state_dict.get("param_groups", [])
+        if any(key in self.old_group_keys for group in groups for key in group):
+            state_dict = self._upgraded(state_dict)
         super().load_state_dict(state_dict)
+
+    def _upgraded(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """A state_dict whose groups have a hyperparameter's old name: the new name."""
+        groups = [
+            {self.old_group_keys.get(k, k): v for k, v in g.items()} for g in state_dict["param_groups"]
+        ]
+        return {**state_dict, "param_groups": groups}
 
     def _renamed(self, state: dict[str, Any]) -> dict[str, Any]:
         new = {}
@@ -67,9 +93,11 @@ class _RenamesOldKeys(Optimizer):
 
 
 class Lamb(_RenamesOldKeys):
-    """LAMB (You et al. 2020) as `fo.lamb`: Adam, decoupled weight decay, then the
-    layer-wise trust ratio (optax's math; timm's ``Lamb``, which clips the gradients'
-    global norm by default, was not compared: timm needs torchvision). State keys:
+    """LAMB (You et al. 2020) as timm's ``Lamb`` (NVIDIA's FusedLAMB), with its arguments
+    and defaults: Adam, then the layer-wise trust ratio ``|p| / |update|`` for params with
+    weight decay (all of them with ``always_adapt``), after the gradients are divided by
+    ``max(1, global norm / max_grad_norm)``, their norm over all param groups (None: no
+    clip). `fo.lamb` is optax's LAMB: no clip, a trust ratio for every param. State keys:
     ``step``, ``exp_avg``, ``exp_avg_sq``.
 
     Example:
@@ -86,32 +114,79 @@ class Lamb(_RenamesOldKeys):
         self,
         params: ParamsT,
         lr: float = 1e-3,
+        bias_correction: bool = True,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-6,
-        weight_decay: float = 0.0,
+        weight_decay: float = 0.01,
+        grad_averaging: bool = True,
+        max_grad_norm: float | None = 1.0,
+        trust_clip: bool = False,
+        always_adapt: bool = False,
+        caution: bool = False,
+        decoupled_decay: bool = False,
+        corrected_weight_decay: bool = False,
         *,
         foreach: bool | None = None,
         capturable: bool = False,
         differentiable: bool = False,
         fused: bool | None = None,
     ) -> None:
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError(f"Invalid max_grad_norm: {max_grad_norm} (a positive norm, or None for no clip)")
         super().__init__(
-            params,
-            LAMB,
-            lr=lr,
-            betas=tuple(betas),
-            eps=eps,
-            weight_decay=weight_decay,
-            eps_root=0.0,
+            params, LAMB, lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
+            weight_decay=weight_decay, grad_averaging=grad_averaging, max_grad_norm=max_grad_norm,
+            trust_clip=trust_clip, always_adapt=always_adapt, caution=caution, decoupled_decay=decoupled_decay,
+            corrected_weight_decay=corrected_weight_decay, max_lr_snapshot=_max_lr(lr, corrected_weight_decay),
             **_switches(foreach, capturable, differentiable, fused),
-        )
+        )  # fmt: skip
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's ``add_param_group``; a group's own ``max_grad_norm`` is refused (timm
+        ignores it): the clip reads the gradients of all groups together."""
+        if param_group.get("max_grad_norm", self.defaults["max_grad_norm"]) != self.defaults["max_grad_norm"]:
+            raise ValueError(
+                f"a param group set max_grad_norm={param_group['max_grad_norm']!r}, but Lamb clips the "
+                "gradients of all groups together, by the constructor's max_grad_norm: set it there"
+            )
+        super().add_param_group(param_group)
+
+    def _unscale_for_amp(self) -> bool:
+        """Once per step, after the closure and before any group steps (and after a
+        GradScaler's unscaling): the divisor of timm's global-norm clip, over the gradients
+        of all groups, which `_group_hyperparams` hands the math (a 0-d tensor: no host
+        sync here; the in-place step reads it once per group)."""
+        runs = super()._unscale_for_amp()
+        self._grad_divisor = self._clip_divisor() if runs else None
+        return runs
+
+    def _clip_divisor(self) -> Tensor | None:
+        """timm's ``max(1, |all gradients| / max_grad_norm)``, or None (no clip)."""
+        max_norm = self.defaults.get("max_grad_norm")  # timm reads the constructor's, not a group's
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        if max_norm is None or not grads:
+            return None
+        if any(g.is_sparse for g in grads):
+            raise RuntimeError("Lamb does not support sparse gradients, consider SparseAdam instead.")
+        with torch.set_grad_enabled(bool(self.defaults.get("differentiable"))):
+            total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+            return (total / max_norm).clamp(min=1.0)
+
+    def _group_hyperparams(self, group: dict[str, Any]) -> dict[str, Any]:
+        hyperparams = super()._group_hyperparams(group)
+        divisor = getattr(self, "_grad_divisor", None)
+        return hyperparams if divisor is None else {**hyperparams, "grad_divisor": divisor}
 
 
 class Adan(_RenamesOldKeys):
-    """Adan (Xie et al. 2022) as `fo.adan`, ``betas=(b1, b2, b3)`` as optax's decay
-    rates (the paper writes ``1 - beta``: its ``(0.02, 0.08, 0.01)`` is this default).
-    optax's math; timm's ``Adan`` was not compared. State keys: ``step``, ``exp_avg``,
-    ``exp_avg_diff``, ``exp_avg_sq``, ``prev_grad``.
+    """Adan (Xie et al. 2022) as timm's ``Adan``, with its arguments and defaults:
+    ``betas=(b1, b2, b3)`` are decay rates (the paper's ``1 - beta``: its
+    ``(0.02, 0.08, 0.01)`` is this default), and the weight decay is proximal (the param
+    divided by ``1 + lr * weight_decay`` after the step; ``no_prox=True``: multiplied by
+    ``1 - lr * weight_decay`` before it). `fo.adan` is optax's Adan, which weights the
+    gradient difference by ``1 - b2`` where timm (and the paper) weight it by ``b2``.
+    timm's ``caution`` is not offered. State keys: ``step``, ``exp_avg``, ``exp_avg_diff``,
+    ``exp_avg_sq``, ``prev_grad`` (timm keeps ``neg_pre_grad``, its negative).
 
     Example:
         >>> import torch, funcopt as fo
@@ -133,7 +208,7 @@ class Adan(_RenamesOldKeys):
         betas: tuple[float, float, float] = (0.98, 0.92, 0.99),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
-        eps_root: float = 1e-8,
+        no_prox: bool = False,
         *,
         foreach: bool | None = None,
         capturable: bool = False,
@@ -141,21 +216,19 @@ class Adan(_RenamesOldKeys):
         fused: bool | None = None,
     ) -> None:
         super().__init__(
-            params,
-            ADAN,
-            lr=lr,
-            betas=tuple(betas),
-            eps=eps,
-            weight_decay=weight_decay,
-            eps_root=eps_root,
+            params, ADAN, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, no_prox=no_prox,
             **_switches(foreach, capturable, differentiable, fused),
-        )
+        )  # fmt: skip
 
 
 class AdaBelief(_RenamesOldKeys):
-    """AdaBelief (Zhuang et al. 2020) as `fo.adabelief` (optax's math: ``eps_root`` is
-    added to the second moment at each step, ``eps`` to its root). State keys:
-    ``step``, ``exp_avg``, ``exp_avg_var``.
+    """AdaBelief (Zhuang et al. 2020) as timm's ``AdaBelief``, with its arguments and
+    defaults: rectified as RAdam (``rectify``; its first steps SGD with momentum,
+    ``degenerated_to_sgd``), decoupled weight decay (``decoupled_decay``; ``fixed_decay``:
+    not scaled by lr), ``eps`` added to the second moment at each step and to its root.
+    `fo.adabelief` is optax's: not rectified, no weight decay, and ``eps_root`` apart.
+    State keys: ``step``, ``exp_avg``, ``exp_avg_var`` (``max_exp_avg_var`` with
+    ``amsgrad``).
 
     Example:
         >>> import torch, funcopt as fo
@@ -170,7 +243,12 @@ class AdaBelief(_RenamesOldKeys):
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-16,
-        eps_root: float = 1e-16,
+        weight_decay: float = 0.0,
+        amsgrad: bool = False,
+        decoupled_decay: bool = True,
+        fixed_decay: bool = False,
+        rectify: bool = True,
+        degenerated_to_sgd: bool = True,
         *,
         foreach: bool | None = None,
         capturable: bool = False,
@@ -178,14 +256,10 @@ class AdaBelief(_RenamesOldKeys):
         fused: bool | None = None,
     ) -> None:
         super().__init__(
-            params,
-            ADABELIEF,
-            lr=lr,
-            betas=tuple(betas),
-            eps=eps,
-            eps_root=eps_root,
-            **_switches(foreach, capturable, differentiable, fused),
-        )
+            params, ADABELIEF, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+            decoupled_decay=decoupled_decay, fixed_decay=fixed_decay, rectify=rectify,
+            degenerated_to_sgd=degenerated_to_sgd, **_switches(foreach, capturable, differentiable, fused),
+        )  # fmt: skip
 
 
 # ---------------------------------------------------------------- issue 64: the catalogue's others
@@ -349,27 +423,34 @@ class AdEMAMix(_RenamesOldKeys):
 
 
 class Lars(_RenamesOldKeys):
-    """LARS (You et al. 2017) as `fo.lars`: weight decay, the trust ratio, the learning
-    rate, then momentum (optax's math; timm's ``Lars`` was not compared). Steps one
-    param at a time (the trust ratio reads each param's norm). State key:
-    ``momentum_buffer``.
+    """LARS (You et al. 2017) as timm's ``Lars``, with its arguments and defaults: for
+    params with weight decay (all of them with ``always_adapt``), the gradient plus weight
+    decay scaled by ``trust_coeff * |p| / (|g| + weight_decay * |p| + eps)`` (LARC's clip
+    at lr with ``trust_clip``), then torch's SGD momentum (``dampening``, ``nesterov``)
+    and the learning rate. `fo.lars` is optax's LARS: the ratio of the param's norm to the
+    decayed update's, for every param, and the learning rate before the momentum. Steps one
+    param at a time (a norm per param). State key: ``momentum_buffer`` (with momentum).
 
     Example:
         >>> import torch, funcopt as fo
-        >>> opt = fo.Lars(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+        >>> opt = fo.Lars(torch.nn.Linear(2, 1).parameters(), lr=0.1, momentum=0.9)
     """
 
     old_keys = {"3.trace": "momentum_buffer"}
+    old_group_keys = {"trust_coefficient": "trust_coeff"}
 
     def __init__(
         self,
         params: ParamsT,
         lr: float = 1.0,
-        momentum: float = 0.9,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
         weight_decay: float = 0.0,
-        trust_coefficient: float = 0.001,
-        eps: float = 0.0,
         nesterov: bool = False,
+        trust_coeff: float = 0.001,
+        eps: float = 1e-8,
+        trust_clip: bool = False,
+        always_adapt: bool = False,
         *,
         foreach: bool | None = None,
         capturable: bool = False,
@@ -377,16 +458,33 @@ class Lars(_RenamesOldKeys):
         fused: bool | None = None,
     ) -> None:
         super().__init__(
-            params, LARS, lr=lr, momentum=momentum, weight_decay=weight_decay,
-            trust_coefficient=trust_coefficient, eps=eps, nesterov=nesterov,
+            params, LARS, lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+            nesterov=nesterov, trust_coeff=trust_coeff, eps=eps, trust_clip=trust_clip, always_adapt=always_adapt,
             **_switches(foreach, capturable, differentiable, fused),
         )  # fmt: skip
 
+    def _upgraded(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """A state_dict of the earlier class (optax's LARS, with ``trust_coefficient``):
+        its momentum held the steps after the learning rate, ``-lr`` times timm's."""
+        state_dict = super()._upgraded(state_dict)
+        states = dict(state_dict.get("state", {}))
+        for group in state_dict["param_groups"]:
+            for i in group["params"]:
+                if "momentum_buffer" in states.get(i, {}):
+                    state = states[i] = dict(states[i])
+                    state["momentum_buffer"] = state["momentum_buffer"] / -group["lr"]
+        return {**state_dict, "state": states}
+
 
 class NovoGrad(_RenamesOldKeys):
-    """NovoGrad (Ginsburg et al. 2019) as `fo.novograd` (optax's math: the second
-    moment of each gradient's norm, weight decay inside the momentum). Steps one param
-    at a time. State keys: ``step``, ``exp_avg``, ``exp_avg_sq`` (a 0-d tensor).
+    """NovoGrad (Ginsburg et al. 2019) as timm's ``NvNovoGrad``, with its arguments and
+    defaults: the gradient over the root of an EMA of its squared norm (which starts at
+    the first squared norm), plus weight decay (``decoupled_decay``: the param decayed
+    apart), times ``1 - b1`` with ``grad_averaging``, into the momentum. `fo.novograd` is
+    optax's, the same math with optax's defaults (betas ``(0.9, 0.25)``, eps 1e-6). Steps
+    one param at a time. State keys: ``step``, ``exp_avg``, ``exp_avg_sq`` (a 0-d tensor
+    in the param's dtype; timm's is in the default dtype), ``max_exp_avg_sq`` with
+    ``amsgrad``.
 
     Example:
         >>> import torch, funcopt as fo
@@ -399,9 +497,13 @@ class NovoGrad(_RenamesOldKeys):
         self,
         params: ParamsT,
         lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.25),
-        eps: float = 1e-6,
+        betas: tuple[float, float] = (0.95, 0.98),
+        eps: float = 1e-8,
         weight_decay: float = 0.0,
+        grad_averaging: bool = False,
+        amsgrad: bool = False,
+        decoupled_decay: bool = False,
+        corrected_weight_decay: bool = False,
         *,
         foreach: bool | None = None,
         capturable: bool = False,
@@ -410,14 +512,20 @@ class NovoGrad(_RenamesOldKeys):
     ) -> None:
         super().__init__(
             params, NOVOGRAD, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+            grad_averaging=grad_averaging, amsgrad=amsgrad, decoupled_decay=decoupled_decay,
+            corrected_weight_decay=corrected_weight_decay, max_lr_snapshot=_max_lr(lr, corrected_weight_decay),
             **_switches(foreach, capturable, differentiable, fused),
         )  # fmt: skip
 
 
 class MADGRAD(_RenamesOldKeys):
-    """MADGRAD (Defazio and Jelassi 2021) as optax's `fo.madgrad` (weight decay added
-    to the gradient). Steps one param at a time (its cube root). State keys: ``step``,
-    ``grad_sum_sq``, ``s``, ``x0``.
+    """MADGRAD (Defazio and Jelassi 2021) as timm's ``MADGRAD`` (the authors' code), with
+    its arguments and defaults: weight decay added to the gradient, or with
+    ``decoupled_decay`` the param decayed by ``1 - lr * weight_decay``; without momentum
+    no ``x0`` is kept (it is the param plus ``s`` over the cube root). `fo.madgrad` is
+    optax's, the same math but for ``sqrt(k + 1)``, which optax rounds to float32. Steps
+    one param at a time (its cube root). State keys: ``step``, ``grad_sum_sq``, ``s``,
+    ``x0``.
 
     Example:
         >>> import torch, funcopt as fo
@@ -433,6 +541,7 @@ class MADGRAD(_RenamesOldKeys):
         momentum: float = 0.9,
         weight_decay: float = 0.0,
         eps: float = 1e-6,
+        decoupled_decay: bool = False,
         *,
         foreach: bool | None = None,
         capturable: bool = False,
@@ -441,5 +550,5 @@ class MADGRAD(_RenamesOldKeys):
     ) -> None:
         super().__init__(
             params, MADGRAD_ALGORITHM, lr=lr, momentum=momentum, weight_decay=weight_decay, eps=eps,
-            **_switches(foreach, capturable, differentiable, fused),
+            decoupled_decay=decoupled_decay, **_switches(foreach, capturable, differentiable, fused),
         )  # fmt: skip
