@@ -99,7 +99,7 @@ def _yogi_math(
     exp_avg = o.lerp_(exp_avg, g, 1 - beta1)
     g2 = o.mul(g, g)
     # nu - (1 - b2) * sign(nu - g**2) * g**2
-    exp_avg_sq = o.addcmul_(exp_avg_sq, o.sign(o.sub(exp_avg_sq, g2)), g2, value=-(1 - beta2))
+    exp_avg_sq = o.addcmul_(exp_avg_sq, o.sign_(o.sub(exp_avg_sq, g2)), g2, value=-(1 - beta2))
     denom = o.add_(o.sqrt_(o.div(exp_avg_sq, bc2)), eps)
     out = o.addcdiv_(out, o.div(exp_avg, bc1), denom, value=neg_lr)
     return out, (exp_avg, exp_avg_sq)

@@ -58,7 +58,8 @@ def _math(
     if nonzero(weight_decay):
         out = o.decay_(out, p, decay)
     # the authors' operations, in their order: the class is bit for bit their code's
-    out = o.add_(out, o.sign(o.add(o.mul(exp_avg, beta1), g, alpha=1 - beta1)), alpha=neg_lr)
+    update = o.sign_(o.add_(o.mul(exp_avg, beta1), g, alpha=1 - beta1))  # in one new tensor
+    out = o.add_(out, update, alpha=neg_lr)
     exp_avg = o.add_(o.mul_(exp_avg, beta2), g, alpha=1 - beta2)
     return out, (exp_avg,)
 

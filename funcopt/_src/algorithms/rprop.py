@@ -59,7 +59,7 @@ def _elementwise(
     if maximize:
         g = o.neg(g)
     # each element's factor, replacing the sign of g * prev in torch's order (NaN stays)
-    factor = o.sign(o.mul(g, prev))
+    factor = o.sign_(o.mul(g, prev))
     factor = o.masked_fill_(factor, o.gt(factor, 0), etaplus)
     factor = o.masked_fill_(factor, o.lt(factor, 0), etaminus)
     factor = o.masked_fill_(factor, o.eq(factor, 0), 1)

@@ -59,6 +59,7 @@ class Ops(Protocol):
     def neg(self, x: Any) -> Any: ...
     def abs(self, x: Any) -> Any: ...
     def sign(self, x: Any) -> Any: ...
+    def sign_(self, x: Any) -> Any: ...
     def sqrt(self, x: Any) -> Any: ...
     def sqrt_(self, x: Any) -> Any: ...
     def reciprocal_(self, x: Any) -> Any: ...
@@ -182,6 +183,7 @@ class InPlace:
 
     # Rprop, ASGD, RMSprop: new tensors, masks, and writes into temporaries (Rprop's factors)
     sign = staticmethod(torch.sign)
+    sign_ = staticmethod(Tensor.sign_)
     mul = staticmethod(torch.mul)
     sub = staticmethod(torch.sub)
     addcmul = staticmethod(torch.addcmul)
@@ -292,6 +294,7 @@ class ForEach:
     """`InPlace` on lists of tensors: one ``torch._foreach_*`` call per op."""
 
     sign = staticmethod(_foreach(torch._foreach_sign))
+    sign_ = staticmethod(_foreach_(torch._foreach_sign_))
     mul = staticmethod(_foreach(torch._foreach_mul))
     sub = staticmethod(_foreach(torch._foreach_sub))
     addcmul = staticmethod(_foreach(torch._foreach_addcmul))
@@ -362,7 +365,7 @@ class PureForEach:
     for the adapters' differentiable step, which writes its results into its inputs.
     Coefficients are Python numbers."""
 
-    sign = staticmethod(_foreach(torch._foreach_sign))
+    sign = sign_ = staticmethod(_foreach(torch._foreach_sign))
     mul = staticmethod(_foreach(torch._foreach_mul))
     sub = staticmethod(_foreach(torch._foreach_sub))
     addcmul = staticmethod(_foreach(torch._foreach_addcmul))
@@ -440,7 +443,7 @@ def _scale(x: Tensor, c: Coef) -> Tensor:
 class Pure:
     """Returns new tensors and mutates nothing; coefficients may be 0-d tensors."""
 
-    sign = staticmethod(torch.sign)
+    sign = sign_ = staticmethod(torch.sign)
     sub = staticmethod(torch.sub)
 
     @staticmethod
