@@ -517,6 +517,8 @@ class Algorithm:
         param with one to create steps by itself, off the fast paths."""
         k = len(self.counters)
         in_place = self.initial(**hyperparams)[k:]
+        if all(v is not None for v in in_place):
+            return lambda buffers: False
         functional = self.initial(**hyperparams, functional=True)[k:]
         creates = {
             name
