@@ -286,6 +286,26 @@ def _zoom_take(
     return done, low1, (b0, bf0, bg0, bgtd0, b1, bf1, bg1, bgtd1)
 
 
+def _bracket_made(S: Any, why: tuple[Any, Any, Any], start: tuple[Any, Any, Tensor],
+                  prev: tuple[Any, ...], new: tuple[Any, ...], ends: tuple[Any, ...]) -> tuple[Any, ...]:  # fmt: skip
+    """The bracket's ends where the bracketing phase makes it this round (torch's
+    ``bracket = [...]``): from the start and the newest point where out of evaluations,
+    the previous and the newest point where a pair holds the step (`pair`), the newest
+    alone where it meets the strong Wolfe conditions (`single`); else as they were."""
+    out_of_evals, pair, single = why
+    b0, bf0, bg0, bgtd0, b1, bf1, bg1, bgtd1 = ends
+    entering = S.or_(out_of_evals, S.or_(pair, single))
+    ends0 = [
+        S.where(out_of_evals, s0, S.where(pair, p0, S.where(single, n0, e0)))
+        for s0, p0, n0, e0 in zip(start, prev, new, (b0, bf0, bg0))
+    ]
+    bgtd0 = S.where(pair, prev[3], S.where(single, new[3], bgtd0))
+    t, f_new, g_new, gtd_new = new
+    b1, bf1, bg1 = S.where(entering, t, b1), S.where(entering, f_new, bf1), S.where(entering, g_new, bg1)
+    bgtd1 = S.where(S.or_(pair, single), gtd_new, bgtd1)
+    return (*ends0, bgtd0, b1, bf1, bg1, bgtd1)
+
+
 def _strong_wolfe(
     S: Any,
     evaluate: Callable[[Any, Any, tuple[Any, Tensor]], tuple[Any, Tensor]],
@@ -329,14 +349,10 @@ def _strong_wolfe(
             S, bracketing, ls_iter, max_ls, t, f, gtd, f_prev, f_new, gtd_new, c1, c2
         )
         entering = S.or_(out_of_evals, S.or_(pair, single))
-        b0 = S.where(out_of_evals, 0, S.where(pair, t_prev, S.where(single, t, b0)))
-        b1 = S.where(entering, t, b1)
-        bf0 = S.where(out_of_evals, f, S.where(pair, f_prev, S.where(single, f_new, bf0)))
-        bf1 = S.where(entering, f_new, bf1)
-        bg0 = S.where(out_of_evals, g, S.where(pair, g_prev, S.where(single, g_new, bg0)))
-        bg1 = S.where(entering, g_new, bg1)
-        bgtd0 = S.where(pair, gtd_prev, S.where(single, gtd_new, bgtd0))
-        bgtd1 = S.where(S.or_(pair, single), gtd_new, bgtd1)
+        b0, bf0, bg0, bgtd0, b1, bf1, bg1, bgtd1 = _bracket_made(
+            S, (out_of_evals, pair, single), (0, f, g), (t_prev, f_prev, g_prev, gtd_prev),
+            (t, f_new, g_new, gtd_new), (b0, bf0, bg0, bgtd0, b1, bf1, bg1, bgtd1),
+        )  # fmt: skip
         done = S.or_(done, single)
         bracketing = S.and_(checking, S.not_(S.or_(pair, single)))
         zooming = S.or_(zooming, entering)
@@ -365,8 +381,9 @@ def _strong_wolfe(
             f, gtd, c1, c2,
         )  # fmt: skip
     # out of rounds still bracketing (`_Traced` only): out of evaluations, as torch's loop
-    b0, b1 = S.where(bracketing, 0, b0), S.where(bracketing, t, b1)
-    bf0, bf1 = S.where(bracketing, f, bf0), S.where(bracketing, f_new, bf1)
-    bg0, bg1 = S.where(bracketing, g, bg0), S.where(bracketing, g_new, bg1)
+    b0, bf0, bg0, bgtd0, b1, bf1, bg1, bgtd1 = _bracket_made(
+        S, (bracketing, False, False), (0, f, g), (t_prev, f_prev, g_prev, gtd_prev),
+        (t, f_new, g_new, gtd_new), (b0, bf0, bg0, bgtd0, b1, bf1, bg1, bgtd1),
+    )  # fmt: skip
     low1 = S.where(bracketing, S.not_(bf0 <= bf1), low1)
     return S.where(low1, bf1, bf0), S.where(low1, bg1, bg0), S.where(low1, b1, b0), ls_func_evals
