@@ -84,8 +84,9 @@ def _at(value: Any, count: Any) -> Any:
 
 class ScheduledState(NamedTuple):
     """The state of a factory's transformation with a scheduled hyperparameter
-    (`with_schedules`): the step count the schedules are evaluated at, and the state
-    of the transformation with the values of the step."""
+    (`with_schedules`; also `fo.sgd`'s with a dampening, which its first step skips):
+    the step count the schedules are evaluated at, and the state of the transformation
+    with the values of the step."""
 
     count: Tensor  # type: ignore[assignment]  # optax's name (it hides tuple.count)
     inner_state: State
@@ -167,7 +168,9 @@ def _scheduled_update(
     params: Params | None = None,
     **extra_args: Any,
 ) -> tuple[Updates, ScheduledState]:
-    _check_state(state, ScheduledState, "update (with a scheduled hyperparameter)")
+    _check_state(
+        state, ScheduledState, "update (counting its steps: a scheduled hyperparameter, or SGD's dampening)"
+    )
     # a count that Python may read gives the schedules an int: exact values in double
     # precision, as Python numbers, which keep the inner step on its fast paths
     count = state.count.item() if not tracing() and readable(state.count) else state.count
