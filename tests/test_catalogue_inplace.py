@@ -253,3 +253,21 @@ def _class_defaults(name: str) -> dict[str, Any]:
 
     parameters = list(inspect.signature(getattr(fo, name)).parameters.values())[1:]
     return {p.name: p.default for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD}
+
+
+def test_lambs_clip_outside_its_class_is_refused_not_ignored():
+    """timm's global-norm clip reads every group's gradients, which only fo.Lamb's step
+    does: Lamb's algorithm given max_grad_norm elsewhere raises, and changes nothing."""
+    lamb = fo.engine.registered("Lamb")
+    params = [torch.ones(3, requires_grad=True)]
+    opt = fo.Optimizer(
+        params, lamb, lr=0.1, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, max_grad_norm=1.0
+    )
+    params[0].grad = torch.full((3,), 5.0)
+    with pytest.raises(ValueError, match="max_grad_norm=1.0 clips the gradients of all param groups"):
+        opt.step()
+    assert torch.equal(params[0].detach(), torch.ones(3))
+    assert all(int(state["step"]) == 0 for state in opt.state.values())  # (made, never stepped)
+    tx = lamb.transform(lr=0.1, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, max_grad_norm=1.0)
+    with pytest.raises(ValueError, match="use fo.Lamb"):
+        tx.update([torch.ones(3)], tx.init([torch.ones(3)]), [torch.ones(3)])

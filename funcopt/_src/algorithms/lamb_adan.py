@@ -100,12 +100,19 @@ def _lamb_math(
     o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
     coefficients: tuple[Coef, ...], *, betas: tuple[Coef, Coef], eps: Coef, weight_decay: Coef,
     grad_averaging: bool = True, trust_clip: bool = False, always_adapt: bool = False, caution: bool = False,
-    decoupled_decay: bool = False, grad_divisor: Coef = 1.0, **_: Any,
+    decoupled_decay: bool = False, grad_divisor: Coef | None = None, max_grad_norm: float | None = None,
+    **_: Any,
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:  # fmt: skip
     neg_lr, bc1, bc2_sqrt, decay = coefficients
     beta1, beta2 = betas
-    if isinstance(grad_divisor, Tensor) or grad_divisor != 1.0:  # fo.Lamb's global-norm clip
-        g = o.div(g, grad_divisor)
+    if grad_divisor is None and max_grad_norm is not None:
+        raise ValueError(
+            f"Lamb: max_grad_norm={max_grad_norm!r} clips the gradients of all param groups together, "
+            "which only fo.Lamb's step does; use fo.Lamb, or chain fo.clip_by_global_norm before the "
+            "algorithm and leave max_grad_norm=None"
+        )
+    if grad_divisor is not None and (isinstance(grad_divisor, Tensor) or grad_divisor != 1.0):
+        g = o.div(g, grad_divisor)  # fo.Lamb's global-norm clip
     if grad_averaging:
         exp_avg = o.lerp_(exp_avg, g, 1 - beta1)
     else:
