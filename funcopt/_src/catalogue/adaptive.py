@@ -10,7 +10,7 @@ Where optax branches (``lax.cond``), these compute both sides and pick with
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import Tensor
@@ -33,7 +33,7 @@ from ._common import (
     vdot,
     zeros,
 )
-from .distance_math import PURE, dadapt_step, prodigy_step
+from .distance_math import PURE, Group, dadapt_step, prodigy_step
 
 __all__ = [
     "DAdaptAdamWState",
@@ -91,11 +91,11 @@ def _dadapt_update(
     check_params(who, params)
     count = _increment(state.count)
     lists, put_back = _present(who, updates, params, state.exp_avg, state.exp_avg_sq, state.grad_sum)
-    [(out, *buffers)], (estim_lr, numerator) = dadapt_step(
-        PURE, [(None, *lists)], state.estim_lr, state.numerator_weighted, _wide(count),
-        lr=_at(learning_rate, state.count), betas=(betas[0], betas[1]), eps=eps, weight_decay=weight_decay,
-        bias_correction=bias_correction,
+    [(out, *buffers)], scalars = dadapt_step(
+        PURE, [(Group(eps, weight_decay), None, *lists)], state.estim_lr, state.numerator_weighted, _wide(count),
+        lr=_at(learning_rate, state.count), betas=(betas[0], betas[1]), bias_correction=bias_correction,
     )  # fmt: skip
+    estim_lr, numerator = cast(tuple[Tensor, Tensor], scalars)  # (PURE never skips)
     out, exp_avg, exp_avg_sq, grad_sum = put_back(out, *buffers)
     dtype = state.estim_lr.dtype
     return out, DAdaptAdamWState(
@@ -205,12 +205,13 @@ def _prodigy_update(
     lists, put_back = _present(
         who, updates, params, state.exp_avg, state.exp_avg_sq, state.grad_sum, state.params0
     )
-    [(out, *buffers)], (estim_lr, numerator) = prodigy_step(
-        PURE, [(None, *lists)], state.estim_lr, state.numerator_weighted, _wide(count),
-        lr=_at(learning_rate, state.count), betas=(betas[0], betas[1]), beta3=beta3, eps=eps, d0=estim_lr0,
-        d_coef=estim_lr_coef, weight_decay=weight_decay, safeguard_warmup=safeguard_warmup,
+    group = Group(eps, weight_decay, d0=estim_lr0, safeguard_warmup=safeguard_warmup)
+    [(out, *buffers)], scalars = prodigy_step(
+        PURE, [(group, None, *lists)], state.estim_lr, state.numerator_weighted, _wide(count),
+        lr=_at(learning_rate, state.count), betas=(betas[0], betas[1]), beta3=beta3, d_coef=estim_lr_coef,
         bias_correction=bias_correction,
     )  # fmt: skip
+    estim_lr, numerator = cast(tuple[Tensor, Tensor], scalars)  # (PURE never skips)
     out, exp_avg, exp_avg_sq, grad_sum, _ = put_back(out, *buffers)
     dtype = state.estim_lr.dtype
     new = ProdigyState(
