@@ -217,3 +217,66 @@ def test_closure_loss_reaches_a_chain_and_skips_transforms_without_extra_args():
     opt = fo.Optimizer(params, lambda lr: fo.chain(fo.clip(1.0), fo.nadam(lr=lr)), lr=0.1)
     opt.step(closure_for(opt, 0))
     assert int(opt.state[params[0]]["1.step"]) == 1
+
+
+def _groups(params: list[torch.Tensor], name: str) -> list[dict[str, Any]]:
+    """Three param groups: the defaults; a group with its own weight decay, eps and
+    (Prodigy) d0 and safeguard_warmup or (D-Adaptation) layer_scale; a group at lr 0
+    (left out of the sums; its weight decay still applies, at the others' lr, as in the
+    packages)."""
+    own: dict[str, Any] = {"weight_decay": 0.3, "eps": 1e-3}
+    own |= {"d0": 1e-4, "safeguard_warmup": True} if name == "Prodigy" else {"layer_scale": 0.5}
+    return [{"params": params[:1]}, {"params": params[1:2], **own}, {"params": params[2:], "lr": 0.0, "weight_decay": 0.05}]
+
+
+def run_groups(opt: Any, params: list[torch.Tensor], steps: int, freeze_at: int = -1) -> None:
+    """`steps` steps; the zero gradient at the first leaves the params (no sum yet);
+    from `freeze_at` the second group's lr is 0 (its moments stay, and step it on)."""
+    for step in range(steps):
+        if step == freeze_at:
+            opt.param_groups[1]["lr"] = 0.0
+        opt.zero_grad()
+        loss = loss_of(params, step) * (step > 0)
+        loss.backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("freeze_at", [-1, 12])
+@pytest.mark.parametrize(
+    "options", [{}, {"use_bias_correction": True, "weight_decay": 0.1}, {"lr": 0.5, "d0": 1e-3, "betas": (0.8, 0.99)}]
+)
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+def test_param_groups_share_the_estimate_as_in_the_authors_package(name, options, freeze_at):
+    """Three param groups (`_groups`) share one step-size estimate: the class equals the
+    authors' package (float64, 20 steps), each group's params, the estimate and the steps."""
+    module, cls, fixed = REFERENCES[name]
+    reference = getattr(pytest.importorskip(module), cls)
+    theirs_ps, ours_ps = make_params(), make_params()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = reference(_groups(theirs_ps, name), **fixed, **options)
+        run_groups(theirs, theirs_ps, 20, freeze_at)
+    ours = getattr(fo, name)(_groups(ours_ps, name), **options)
+    run_groups(ours, ours_ps, 20, freeze_at)
+    for a, b, p0 in zip(ours_ps, theirs_ps, make_params()):
+        assert not torch.equal(b, p0)  # every group moved (the last by its weight decay only)
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-12 * float((b - p0).detach().abs().max()))
+    for group, their_group in zip(ours.param_groups, theirs.param_groups):
+        assert group["estim_lr"] == pytest.approx(their_group["d"], rel=1e-12, abs=0)
+        assert group["count"] == their_group["k"] == 19  # (the zero gradient's step counts in neither)
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+def test_param_groups_with_other_lr_or_betas_raise(name):
+    """A group's lr is the others' or 0, as the packages require; what the shared
+    estimate reads must be alike in all groups (the packages read the first group's)."""
+    params = make_params()
+    opt = getattr(fo, name)([{"params": params[:1]}, {"params": params[1:], "lr": 0.5}])
+    loss_of(params, 0).backward()
+    with pytest.raises(RuntimeError, match="lr is the others' or 0"):
+        opt.step()
+    opt = getattr(fo, name)([{"params": params[:1]}, {"params": params[1:], "betas": (0.8, 0.9)}])
+    with pytest.raises(ValueError, match="set the same betas in every group"):
+        opt.step()

@@ -91,7 +91,6 @@ class PureLists:
     mul_ = _mapped(Pure.mul_)
     addcmul_ = _mapped(Pure.addcmul_)
     addcdiv_ = _mapped(Pure.addcdiv_)
-    decay_ = _mapped(Pure.decay_)
 
     @staticmethod
     def dot(xs: Sequence[Tensor], ys: Sequence[Tensor]) -> Tensor:
@@ -170,7 +169,7 @@ def prodigy_step(
     for group, out, ps, exp_avg, exp_avg_sq, grad_sum, params0 in moved:
         denom = o.add_(o.sqrt(exp_avg_sq), new_d * group.eps)  # the new estimate scales eps
         if nonzero(group.weight_decay):
-            out = o.decay_(out, ps, 1 - group.weight_decay * dlr)
+            out = o.add_(out, ps, alpha=-group.weight_decay * dlr)  # (the packages' p + (-wd * dlr) * p)
         out = o.addcdiv_(out, exp_avg, denom, value=-dlr)
         stepped.append((out, exp_avg, exp_avg_sq, grad_sum, params0))
     return stepped, (new_d, numerator)
@@ -205,7 +204,7 @@ def dadapt_step(
     stepped = []
     for group, out, ps, exp_avg, exp_avg_sq, grad_sum in moved:
         if nonzero(group.weight_decay):
-            out = o.decay_(out, ps, 1 - group.weight_decay * dlr)
+            out = o.add_(out, ps, alpha=-group.weight_decay * dlr)  # (the packages' p + (-wd * dlr) * p)
         out = o.addcdiv_(out, exp_avg, o.add_(o.sqrt(exp_avg_sq), group.eps), value=-1)
         stepped.append((out, exp_avg, exp_avg_sq, grad_sum))
     return stepped, (new_d, numerator)
