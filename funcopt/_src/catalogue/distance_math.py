@@ -35,6 +35,11 @@ __all__ = ["IN_PLACE", "PURE", "Group", "dadapt_step", "prodigy_step"]
 Coef = Any  # a Python number (IN_PLACE) or a 0-d tensor (PURE)
 
 
+def _stacked(values: Sequence[Tensor]) -> Tensor:
+    """The sum of 0-d tensors, in float64 (0 for none)."""
+    return torch.stack(list(values)).sum(dtype=torch.float64) if values else torch.zeros((), dtype=torch.float64)
+
+
 def _host_sum(values: Sequence[Tensor]) -> float:
     """The sum of 0-d tensors as a Python number, read once (in float64)."""
     return torch.stack(list(values)).sum(dtype=torch.float64).item() if values else 0.0
@@ -47,6 +52,12 @@ class InPlaceLists(ForEach):
     def dot(xs: Sequence[Tensor], ys: Sequence[Tensor]) -> float:
         """``sum_i <xs[i], ys[i]>`` (real tensors), read on the host."""
         return _host_sum([torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(xs, ys)])
+
+    @staticmethod
+    def dots(pairs: Sequence[tuple[Sequence[Tensor], Sequence[Tensor]]]) -> tuple[float, ...]:
+        """`dot` of each pair of lists, read on the host at once."""
+        sums = [_stacked([torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(xs, ys)]) for xs, ys in pairs]
+        return tuple(torch.stack(sums).tolist())
 
     @staticmethod
     def l1(xs: Sequence[Tensor]) -> float:
@@ -95,6 +106,10 @@ class PureLists:
     @staticmethod
     def dot(xs: Sequence[Tensor], ys: Sequence[Tensor]) -> Tensor:
         return _tensor_sum([(x * y).sum() for x, y in zip(xs, ys)])
+
+    @staticmethod
+    def dots(pairs: Sequence[tuple[Sequence[Tensor], Sequence[Tensor]]]) -> tuple[Tensor, ...]:
+        return tuple(PureLists.dot(xs, ys) for xs, ys in pairs)
 
     @staticmethod
     def l1(xs: Sequence[Tensor]) -> Tensor:
