@@ -79,7 +79,9 @@ SHARED_ESTIMATE = {"Prodigy", "DAdaptAdamW"}
 
 def run_functional(factory: Any, steps: int = STEPS, one_tree: bool = False) -> list[torch.Tensor]:
     params = [p.detach() for p in make_params()]
-    split = lambda f: [{"0": f[0], "1": f[1], "2": f[2]}] if one_tree else [{"0": f[0], "1": f[1]}, {"0": f[2]}]  # noqa: E731
+    split = lambda f: (
+        [{"0": f[0], "1": f[1], "2": f[2]}] if one_tree else [{"0": f[0], "1": f[1]}, {"0": f[2]}]
+    )  # noqa: E731
     groups = split(params)
     txs = [factory() for _ in groups]
     states = [tx.init(g) for tx, g in zip(txs, groups)]
@@ -226,7 +228,11 @@ def _groups(params: list[torch.Tensor], name: str) -> list[dict[str, Any]]:
     packages)."""
     own: dict[str, Any] = {"weight_decay": 0.3, "eps": 1e-3}
     own |= {"d0": 1e-4, "safeguard_warmup": True} if name == "Prodigy" else {"layer_scale": 0.5}
-    return [{"params": params[:1]}, {"params": params[1:2], **own}, {"params": params[2:], "lr": 0.0, "weight_decay": 0.05}]
+    return [
+        {"params": params[:1]},
+        {"params": params[1:2], **own},
+        {"params": params[2:], "lr": 0.0, "weight_decay": 0.05},
+    ]
 
 
 def run_groups(opt: Any, params: list[torch.Tensor], steps: int, freeze_at: int = -1) -> None:
@@ -243,7 +249,8 @@ def run_groups(opt: Any, params: list[torch.Tensor], steps: int, freeze_at: int 
 
 @pytest.mark.parametrize("freeze_at", [-1, 12])
 @pytest.mark.parametrize(
-    "options", [{}, {"use_bias_correction": True, "weight_decay": 0.1}, {"lr": 0.5, "d0": 1e-3, "betas": (0.8, 0.99)}]
+    "options",
+    [{}, {"use_bias_correction": True, "weight_decay": 0.1}, {"lr": 0.5, "d0": 1e-3, "betas": (0.8, 0.99)}],
 )
 @pytest.mark.parametrize("name", sorted(REFERENCES))
 def test_param_groups_share_the_estimate_as_in_the_authors_package(name, options, freeze_at):

@@ -39,7 +39,9 @@ def run(opt: Any, ps: list[torch.Tensor], steps: range) -> None:
 
 
 def _momo(lr, beta, lower_bound, weight_decay, adapt_lower_bound):
-    return fo.momo(lr, beta=beta, lower_bound=lower_bound, weight_decay=weight_decay, adapt_lower_bound=adapt_lower_bound)
+    return fo.momo(
+        lr, beta=beta, lower_bound=lower_bound, weight_decay=weight_decay, adapt_lower_bound=adapt_lower_bound
+    )
 
 
 def _polyak(lr, max_lr, f_min, eps, variant):
@@ -146,7 +148,9 @@ def test_a_saved_state_dict_loads_and_steps_on(key):
         opt.step(closure)
     if len(entry["sizes"]) > 1 and entry["name"] in ("Prodigy", "DAdaptAdamW"):
         saved = entry["state_dict"]["param_groups"]
-        assert saved[0]["numerator_weighted"] != saved[1]["numerator_weighted"]  # (two estimates then, one now)
+        assert (
+            saved[0]["numerator_weighted"] != saved[1]["numerator_weighted"]
+        )  # (two estimates then, one now)
         assert len({g["numerator_weighted"] for g in opt.param_groups}) == 1
         assert len({g["estim_lr"] for g in opt.param_groups}) == 1
         assert all(g["count"] == saved[0]["count"] + 3 for g in opt.param_groups)

@@ -37,7 +37,9 @@ Coef = Any  # a Python number (IN_PLACE) or a 0-d tensor (PURE)
 
 def _stacked(values: Sequence[Tensor]) -> Tensor:
     """The sum of 0-d tensors, in float64 (0 for none)."""
-    return torch.stack(list(values)).sum(dtype=torch.float64) if values else torch.zeros((), dtype=torch.float64)
+    return (
+        torch.stack(list(values)).sum(dtype=torch.float64) if values else torch.zeros((), dtype=torch.float64)
+    )
 
 
 def _host_sum(values: Sequence[Tensor]) -> float:
@@ -56,7 +58,9 @@ class InPlaceLists(ForEach):
     @staticmethod
     def dots(pairs: Sequence[tuple[Sequence[Tensor], Sequence[Tensor]]]) -> tuple[float, ...]:
         """`dot` of each pair of lists, read on the host at once."""
-        sums = [_stacked([torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(xs, ys)]) for xs, ys in pairs]
+        sums = [
+            _stacked([torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(xs, ys)]) for xs, ys in pairs
+        ]
         return tuple(torch.stack(sums).tolist())
 
     @staticmethod

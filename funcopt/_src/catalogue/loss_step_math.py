@@ -45,7 +45,9 @@ def _over(x: Coef, n: Coef) -> Coef:
     return 0.0 if n <= EPS64 else x / n
 
 
-def polyak_step_size(value: Coef, sq_norm: Coef, *, f_min: Coef, max_lr: Coef, eps: Coef, variant: str) -> Coef:
+def polyak_step_size(
+    value: Coef, sq_norm: Coef, *, f_min: Coef, max_lr: Coef, eps: Coef, variant: str
+) -> Coef:
     """The Polyak step size ``min((value - f_min) / (sq_norm + eps), max_lr)``, 0 where
     the denominator is below float64's eps (optax's ``scale_by_polyak``); ``"sps+"``
     clips the gap at 0. `sq_norm` is the squared norm of the update it scales."""

@@ -200,7 +200,9 @@ def _polyak_update(
         return updates, state
     grad_sq_norm = sq_norm(updates)
     value = torch.as_tensor(value).to(dtype=grad_sq_norm.dtype, device=grad_sq_norm.device)
-    step = polyak_step_size(value, grad_sq_norm, f_min=f_min, max_lr=max_learning_rate, eps=eps, variant=variant)
+    step = polyak_step_size(
+        value, grad_sq_norm, f_min=f_min, max_lr=max_learning_rate, eps=eps, variant=variant
+    )
     return map_updates(lambda u: step.to(u.dtype) * u, updates), state
 
 

@@ -12,7 +12,7 @@ A state_dict of the earlier `fo.Optimizer`-based classes loads too."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -55,7 +55,7 @@ class _Stepped(torch.optim.Optimizer):
 
     needs_loss = False
 
-    def _step(self, group: dict[str, Any], ps: list[Tensor], loss: float | None) -> None:
+    def _step(self, group: dict[str, Any], ps: list[Tensor], gs: list[Tensor], loss: float | None) -> None:
         raise NotImplementedError
 
     @torch.no_grad()
@@ -78,7 +78,7 @@ class _Stepped(torch.optim.Optimizer):
                 if p.grad.is_sparse:
                     raise RuntimeError(f"{name} does not support sparse gradients")
             if ps:
-                self._step(group, ps, value)
+                self._step(group, ps, [cast(Tensor, p.grad) for p in ps], value)
         return loss
 
 
@@ -114,7 +114,11 @@ class Momo(_Stepped):
     ) -> None:
         _check(lr, 0.0, weight_decay, (beta,))
         defaults = dict(
-            lr=lr, beta=beta, lower_bound=lower_bound, weight_decay=weight_decay, adapt_lower_bound=adapt_lower_bound
+            lr=lr,
+            beta=beta,
+            lower_bound=lower_bound,
+            weight_decay=weight_decay,
+            adapt_lower_bound=adapt_lower_bound,
         )
         super().__init__(params, defaults)
 
@@ -135,14 +139,14 @@ class Momo(_Stepped):
         group.setdefault("count", 0)
         return group["barf"], group["gamma"], group["lb"], group["count"]
 
-    def _step(self, group: dict[str, Any], ps: list[Tensor], loss: float | None) -> None:
+    def _step(self, group: dict[str, Any], ps: list[Tensor], gs: list[Tensor], loss: float | None) -> None:
         barf, gamma, lb, count = self._group_scalars(group)
         for p in ps:
             if "exp_avg" not in self.state[p]:
                 self.state[p]["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         reals = [_real(p) for p in ps]
         _, _, (barf, gamma, lb) = momo_step(
-            IN_PLACE, reals, reals, [_real(p.grad) for p in ps], [_real(self.state[p]["exp_avg"]) for p in ps],
+            IN_PLACE, reals, reals, [_real(g) for g in gs], [_real(self.state[p]["exp_avg"]) for p in ps],
             (barf, gamma, lb), count == 0, loss, lr=float(group["lr"]), beta=group["beta"],
             lower_bound=group["lower_bound"], weight_decay=group["weight_decay"],
             adapt_lower_bound=group["adapt_lower_bound"],
@@ -176,8 +180,8 @@ class PolyakSGD(_Stepped):
             raise ValueError(f"PolyakSGD: variant must be 'sps' or 'sps+', got {variant!r}")
         super().__init__(params, dict(lr=lr, max_lr=max_lr, f_min=f_min, eps=eps, variant=variant))
 
-    def _step(self, group: dict[str, Any], ps: list[Tensor], loss: float | None) -> None:
-        gs = [_real(p.grad) for p in ps]
+    def _step(self, group: dict[str, Any], ps: list[Tensor], gs: list[Tensor], loss: float | None) -> None:
+        gs = [_real(g) for g in gs]
         lr = float(group["lr"])
         (sq_norm,) = IN_PLACE.dots([(gs, gs)])
         step = polyak_step_size(
@@ -210,9 +214,9 @@ class SM3(_Stepped):
             state_dict = {**state_dict, "state": renamed}
         super().load_state_dict(state_dict)
 
-    def _step(self, group: dict[str, Any], ps: list[Tensor], loss: float | None) -> None:
+    def _step(self, group: dict[str, Any], ps: list[Tensor], gs: list[Tensor], loss: float | None) -> None:
         nus = []
-        for p in ps:
+        for p, g in zip(ps, gs):
             state = self.state[p]
             if not state:
                 if p.ndim == 0 or p.is_complex():
@@ -223,7 +227,7 @@ class SM3(_Stepped):
                 state["accumulators"] = [torch.zeros(n, dtype=p.dtype, device=p.device) for n in p.shape]
                 state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             sm3_moments(
-                SM3_IN_PLACE, p.grad, state["accumulators"], state["momentum_buffer"], c0=1.0, c2=1.0,
+                SM3_IN_PLACE, g, state["accumulators"], state["momentum_buffer"], c0=1.0, c2=1.0,
                 b1=group["momentum"], eps=1e-8,
             )  # fmt: skip
             nus.append(state["momentum_buffer"])

@@ -242,10 +242,17 @@ class DAdaptAdamW(_Distance):
 
     def _group(self, group: dict[str, Any], active: bool) -> Group:
         # (a state_dict of the earlier class has no layer_scale)
-        return Group(group["eps"], group["weight_decay"], layer_scale=group.get("layer_scale", 1.0), active=active)
+        return Group(
+            group["eps"], group["weight_decay"], layer_scale=group.get("layer_scale", 1.0), active=active
+        )
 
     def _math(self, parts: list[Any], lr: float, scalars: tuple[Any, ...]) -> Any:
         first = self.param_groups[0]
         return dadapt_step(
-            IN_PLACE, parts, *scalars, lr=lr, betas=first["betas"], bias_correction=first["use_bias_correction"]
+            IN_PLACE,
+            parts,
+            *scalars,
+            lr=lr,
+            betas=first["betas"],
+            bias_correction=first["use_bias_correction"],
         )[1]
