@@ -287,3 +287,25 @@ def test_param_groups_with_other_lr_or_betas_raise(name):
     opt = getattr(fo, name)([{"params": params[:1]}, {"params": params[1:], "betas": (0.8, 0.9)}])
     with pytest.raises(ValueError, match="set the same betas in every group"):
         opt.step()
+
+
+def test_prodigy_slice_p_per_group_as_prodigyopt():
+    """prodigyopt's ``slice_p`` (its sums over every slice_p-th element of each param),
+    set per group, two groups, 20 steps: as the package, and its sliced state's size."""
+    prodigyopt = pytest.importorskip("prodigyopt")
+
+    def groups(ps: list[torch.Tensor]) -> list[dict[str, Any]]:
+        return [{"params": ps[:1]}, {"params": ps[1:], "slice_p": 3, "weight_decay": 0.2}]
+
+    theirs_ps, ours_ps = make_params(), make_params()
+    theirs = prodigyopt.Prodigy(groups(theirs_ps), slice_p=2, d0=1e-3)
+    ours = fo.Prodigy(groups(ours_ps), slice_p=2, d0=1e-3)
+    run_groups(theirs, theirs_ps, 20)
+    run_groups(ours, ours_ps, 20)
+    for a, b, p0 in zip(ours_ps, theirs_ps, make_params()):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-12 * float((b - p0).detach().abs().max()))
+    assert ours.param_groups[0]["estim_lr"] == pytest.approx(theirs.param_groups[0]["d"], rel=1e-12, abs=0)
+    assert [ours.state[p]["grad_sum"].numel() for p in ours_ps] == [6, 2, 2]  # 12 / 2, 4 / 3, 6 / 3
+    ours.param_groups[1]["slice_p"] = 2
+    with pytest.raises(ValueError, match="keep a group's slice_p"):
+        ours.step()

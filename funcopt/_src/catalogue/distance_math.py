@@ -71,6 +71,12 @@ class InPlaceLists(ForEach):
     maximum = staticmethod(max)
 
     @staticmethod
+    def sliced(xs: list[Tensor], k: int) -> list[Tensor]:
+        """Every `k`-th element of each tensor, flattened (views where contiguous), as
+        ``prodigyopt``'s ``slice_p`` takes them; the list itself for 1."""
+        return xs if k == 1 else [x.reshape(-1)[::k] for x in xs]
+
+    @staticmethod
     def no_sum(l1: float) -> bool:
         """Whether the L1 sum is 0 (no gradient yet, or every group at lr 0): the
         authors' step then leaves the params (and the estimate) as they are."""
@@ -124,6 +130,10 @@ class PureLists:
         return torch.maximum(a, b.to(a.dtype))
 
     @staticmethod
+    def sliced(xs: list[Tensor], k: int) -> list[Tensor]:
+        return xs if k == 1 else [x.reshape(-1)[::k] for x in xs]
+
+    @staticmethod
     def no_sum(l1: Tensor) -> bool:
         """Never read (the step stays one graph): a 0 sum gives optax's nan or inf."""
         return False
@@ -146,6 +156,7 @@ class Group(NamedTuple):
     weight_decay: Coef
     d0: Coef = 1.0  # Prodigy: the ratio d / d0 of this group's sums
     safeguard_warmup: bool = False  # Prodigy
+    slice_p: int = 1  # Prodigy: its sums over every slice_p-th element of each param (flattened)
     layer_scale: Coef = 1.0  # D-Adaptation's per-group weight of the sums and the step
     active: bool = True  # lr > 0: a group at lr 0 adds nothing to the sums or its moments
 
@@ -162,7 +173,8 @@ def prodigy_step(
     """Prodigy's step (``prodigyopt``'s with ``decouple=True``; optax's ``prodigy`` with
     `bias_correction`) at `step` (from 1): ``d`` is `estim_lr`, each group's ``d0`` its
     first value in that group's ratio ``d / d0``. `parts` hold the buffers ``exp_avg,
-    exp_avg_sq, grad_sum, params0``; the moments of every part are taken before the new
+    exp_avg_sq, grad_sum, params0`` (the last two of every ``slice_p``-th element of each
+    param, flattened, where a group's ``slice_p`` is above 1); the moments of every part are taken before the new
     ``d`` steps any. Returns, per part, ``(out, *new buffers)``, and the new ``d`` and
     ``numerator_weighted``; None for these where the sums are 0 read on the host (no
     gradient yet): the params are then not stepped, as in ``prodigyopt``."""
@@ -174,10 +186,13 @@ def prodigy_step(
     for group, out, ps, gs, exp_avg, exp_avg_sq, grad_sum, params0 in parts:
         if group.active:
             ratio = d / group.d0
-            delta = delta + ratio * dlr * o.dot(gs, o.sub(params0, ps))  # before the params move
+            sliced_gs = o.sliced(gs, group.slice_p)  # (gs itself for slice_p 1)
+            travelled = o.sub(params0, o.sliced(ps, group.slice_p))  # (the params not moved yet)
+            delta = delta + ratio * dlr * o.dot(sliced_gs, travelled)
             exp_avg = o.add_(o.mul_(exp_avg, beta1), gs, alpha=d * (1 - beta1))
             exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), gs, gs, value=d * d * (1 - beta2))
-            grad_sum = o.add_(o.mul_(grad_sum, b3), gs, alpha=ratio * (d if group.safeguard_warmup else dlr))
+            alpha = ratio * (d if group.safeguard_warmup else dlr)
+            grad_sum = o.add_(o.mul_(grad_sum, b3), sliced_gs, alpha=alpha)
             l1 = l1 + o.l1(grad_sum)
         moved.append((group, out, ps, exp_avg, exp_avg_sq, grad_sum, params0))
     if o.no_sum(l1):

@@ -6,8 +6,8 @@ functional form (``catalogue/distance_math.py``: the functional runs it with pur
 As in the authors' packages, one step size ``d`` serves all param groups: it comes from
 sums over the params of every group, read on the host once per part of a group per
 step, as the authors' code reads them once per param. A group sets its own ``eps``,
-``weight_decay`` (and Prodigy's ``d0`` and ``safeguard_warmup``, D-Adaptation's
-``layer_scale``); its ``lr`` is the others' or 0 (a group left out of the sums), as the
+``weight_decay`` (and Prodigy's ``d0``, ``safeguard_warmup`` and ``slice_p``,
+D-Adaptation's ``layer_scale``); its ``lr`` is the others' or 0 (a group left out of the sums), as the
 packages allow; what the estimate reads (``betas``, ...) must be the same in all.
 The scalars (``estim_lr``, the estimate ``d``; ``numerator_weighted``; ``count``, the
 steps taken) are kept in every param group, alike, as the authors' packages keep
@@ -73,9 +73,12 @@ class _Distance(torch.optim.Optimizer):
     def _group(self, group: dict[str, Any], active: bool) -> Group:
         raise NotImplementedError
 
-    def _new_buffers(self, p: Tensor) -> dict[str, Tensor]:
+    def _new_buffers(self, p: Tensor, group: dict[str, Any]) -> dict[str, Tensor]:
         zeros = lambda: torch.zeros_like(p, memory_format=torch.preserve_format)  # noqa: E731
         return {"exp_avg": zeros(), "exp_avg_sq": zeros(), "grad_sum": zeros()}
+
+    def _check_state(self, group: dict[str, Any], ps: list[Tensor]) -> None:
+        """Raise where a param's state does not fit the group's settings."""
 
     def _scalars(self) -> tuple[float, float, int]:
         """The scalars: the first group's that has them (taken out of the params' state
@@ -133,8 +136,9 @@ class _Distance(torch.optim.Optimizer):
                 if p.grad.is_sparse:
                     raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
                 if not self.state[p]:
-                    self.state[p].update(self._new_buffers(p))
+                    self.state[p].update(self._new_buffers(p, group))
             if ps:
+                self._check_state(group, ps)
                 lists = [[_real(p) for p in ps], [_real(p.grad) for p in ps]]
                 lists += [[_real(self.state[p][k]) for p in ps] for k in self.buffers]
                 options = self._group(group, float(group["lr"]) > 0)
@@ -149,10 +153,12 @@ class _Distance(torch.optim.Optimizer):
 
 class Prodigy(_Distance):
     """Prodigy (Mishchenko and Defazio 2023) with the constructor of the authors'
-    ``prodigyopt.Prodigy`` (its ``decouple=True``; no ``growth_rate``, ``slice_p`` or
+    ``prodigyopt.Prodigy`` (its ``decouple=True``; no ``growth_rate`` or
     ``fsdp_in_use``): it steps as ``prodigyopt`` to float64 round-off, one step size
     for all param groups. A group may set its own ``weight_decay``, ``eps``, ``d0``
-    (which scales its sums, ``d / d0``) and ``safeguard_warmup``, and ``lr`` 0 (the
+    (which scales its sums, ``d / d0``), ``safeguard_warmup`` and ``slice_p`` (its sums
+    over every ``slice_p``-th element of each param: ``grad_sum`` and ``params0`` hold
+    those, flattened), and ``lr`` 0 (the
     others' lr else); ``betas``, ``beta3``, ``d_coef`` and ``use_bias_correction`` are
     the same in all. With ``use_bias_correction=True`` and one group it is optax's
     ``prodigy``. The functional form is `fo.prodigy` (``bias_correction=False`` for
@@ -179,20 +185,43 @@ class Prodigy(_Distance):
         safeguard_warmup: bool = False,
         d0: float = 1e-6,
         d_coef: float = 1.0,
+        slice_p: int = 1,
     ) -> None:
         _check(lr, eps, weight_decay, betas)
+        if isinstance(slice_p, bool) or not isinstance(slice_p, int) or slice_p < 1:
+            raise ValueError(f"Invalid slice_p value: {slice_p!r} (a whole number, 1 or more)")
         defaults = dict(
             lr=lr, betas=tuple(betas), beta3=beta3, eps=eps, weight_decay=weight_decay,
             use_bias_correction=use_bias_correction, safeguard_warmup=safeguard_warmup, d0=d0, d_coef=d_coef,
+            slice_p=slice_p,
         )  # fmt: skip
         super().__init__(params, defaults)
 
-    def _new_buffers(self, p: Tensor) -> dict[str, Tensor]:
-        return {**super()._new_buffers(p), "params0": p.detach().clone(memory_format=torch.preserve_format)}
+    def _new_buffers(self, p: Tensor, group: dict[str, Any]) -> dict[str, Tensor]:
+        k = group.get("slice_p", 1)  # (a state_dict of the earlier class has none)
+        if k == 1:
+            return {
+                **super()._new_buffers(p, group),
+                "params0": p.detach().clone(memory_format=torch.preserve_format),
+            }
+        sliced = p.detach().reshape(-1)[::k]
+        zeros = lambda: torch.zeros_like(p, memory_format=torch.preserve_format)  # noqa: E731
+        return {"exp_avg": zeros(), "exp_avg_sq": zeros(), "grad_sum": torch.zeros_like(sliced),
+                "params0": sliced.clone()}  # fmt: skip
+
+    def _check_state(self, group: dict[str, Any], ps: list[Tensor]) -> None:
+        k = group.get("slice_p", 1)
+        for p in ps:
+            if self.state[p]["grad_sum"].numel() != (p.numel() + k - 1) // k:
+                raise ValueError(
+                    f"Prodigy: a param's grad_sum has {self.state[p]['grad_sum'].numel()} elements, not those of "
+                    f"every {k}-th of its {p.numel()} (its group's slice_p): keep a group's slice_p from its "
+                    "first step on"
+                )
 
     def _group(self, group: dict[str, Any], active: bool) -> Group:
-        return Group(group["eps"], group["weight_decay"], d0=group["d0"],
-                     safeguard_warmup=group["safeguard_warmup"], active=active)  # fmt: skip
+        return Group(group["eps"], group["weight_decay"], d0=group["d0"], safeguard_warmup=group["safeguard_warmup"],
+                     slice_p=group.get("slice_p", 1), active=active)  # fmt: skip
 
     def _math(self, parts: list[Any], lr: float, scalars: tuple[Any, ...]) -> Any:
         first = self.param_groups[0]
