@@ -250,7 +250,12 @@ def run_groups(opt: Any, params: list[torch.Tensor], steps: int, freeze_at: int 
 @pytest.mark.parametrize("freeze_at", [-1, 12])
 @pytest.mark.parametrize(
     "options",
-    [{}, {"use_bias_correction": True, "weight_decay": 0.1}, {"lr": 0.5, "d0": 1e-3, "betas": (0.8, 0.99)}],
+    [
+        {},
+        {"use_bias_correction": True, "weight_decay": 0.1},
+        {"lr": 0.5, "d0": 1e-3, "betas": (0.8, 0.99)},
+        {"betas": (0.0, 0.99), "weight_decay": 0.1},
+    ],
 )
 @pytest.mark.parametrize("name", sorted(REFERENCES))
 def test_param_groups_share_the_estimate_as_in_the_authors_package(name, options, freeze_at):

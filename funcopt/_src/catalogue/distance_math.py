@@ -169,6 +169,7 @@ the group a `Group`, the others lists."""
 def prodigy_step(
     o: Any, parts: list[Part], estim_lr: Coef, numerator_weighted: Coef, step: Coef, *, lr: Coef,
     betas: tuple[Coef, Coef], beta3: Coef | None, d_coef: Coef, bias_correction: bool,
+    grad_step_at_beta1_0: bool = False,
 ) -> tuple[list[Part], tuple[Coef, Coef] | None]:  # fmt: skip
     """Prodigy's step (``prodigyopt``'s with ``decouple=True``; optax's ``prodigy`` with
     `bias_correction`) at `step` (from 1): ``d`` is `estim_lr`, each group's ``d0`` its
@@ -177,7 +178,10 @@ def prodigy_step(
     param, flattened, where a group's ``slice_p`` is above 1); the moments of every part are taken before the new
     ``d`` steps any. Returns, per part, ``(out, *new buffers)``, and the new ``d`` and
     ``numerator_weighted``; None for these where the sums are 0 read on the host (no
-    gradient yet): the params are then not stepped, as in ``prodigyopt``."""
+    gradient yet): the params are then not stepped, as in ``prodigyopt``. With
+    `grad_step_at_beta1_0` and ``betas[0] = 0``, the params step along the gradient
+    times the new ``d``, as ``prodigyopt``'s (optax's along its momentum, the old ``d``
+    times the gradient)."""
     beta1, beta2 = betas
     b3 = beta2**0.5 if beta3 is None else beta3
     d = estim_lr
@@ -194,17 +198,20 @@ def prodigy_step(
             alpha = ratio * (d if group.safeguard_warmup else dlr)
             grad_sum = o.add_(o.mul_(grad_sum, b3), sliced_gs, alpha=alpha)
             l1 = l1 + o.l1(grad_sum)
-        moved.append((group, out, ps, exp_avg, exp_avg_sq, grad_sum, params0))
+        moved.append((group, out, ps, gs, exp_avg, exp_avg_sq, grad_sum, params0))
     if o.no_sum(l1):
-        return [(out, *buffers) for _, out, _, *buffers in moved], None
+        return [(out, *buffers) for _, out, _, _, *buffers in moved], None
     numerator = b3 * numerator_weighted + delta
     new_d = o.maximum(d, d_coef * numerator / l1)
     stepped = []
-    for group, out, ps, exp_avg, exp_avg_sq, grad_sum, params0 in moved:
+    for group, out, ps, gs, exp_avg, exp_avg_sq, grad_sum, params0 in moved:
         denom = o.add_(o.sqrt(exp_avg_sq), new_d * group.eps)  # the new estimate scales eps
         if nonzero(group.weight_decay):
             out = o.add_(out, ps, alpha=-group.weight_decay * dlr)  # (the packages' p + (-wd * dlr) * p)
-        out = o.addcdiv_(out, exp_avg, denom, value=-dlr)
+        if grad_step_at_beta1_0 and beta1 == 0:
+            out = o.addcdiv_(out, gs, denom, value=-dlr * new_d)
+        else:
+            out = o.addcdiv_(out, exp_avg, denom, value=-dlr)
         stepped.append((out, exp_avg, exp_avg_sq, grad_sum, params0))
     return stepped, (new_d, numerator)
 

@@ -227,7 +227,7 @@ class Prodigy(_Distance):
         first = self.param_groups[0]
         return prodigy_step(
             IN_PLACE, parts, *scalars, lr=lr, betas=first["betas"], beta3=first["beta3"], d_coef=first["d_coef"],
-            bias_correction=first["use_bias_correction"],
+            bias_correction=first["use_bias_correction"], grad_step_at_beta1_0=True,
         )[1]  # fmt: skip
 
 
