@@ -5,7 +5,6 @@ ops, which overwrite the vectors and the momentum (coefficients are numbers)."""
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -16,8 +15,27 @@ __all__ = ["IN_PLACE", "PURE", "sm3_moments"]
 Coef = Any  # a Python number, or a 0-d tensor (PURE)
 
 
-def _others(t: Tensor, k: int) -> list[int]:
-    return [d for d in range(t.ndim) if d != k]
+def axis_maxima(t: Tensor) -> list[Tensor]:
+    """For each dimension k of `t`, its maximum over the other dimensions, as a vector.
+    Halves first (the maxima over the trailing half's dimensions, then over the leading
+    half's), so that every full pass reduces whole trailing or leading blocks: 2 passes
+    over `t` for any number of dimensions, not one strided pass per dimension (a max is
+    exact, so any order gives the same values)."""
+    if t.ndim == 1:
+        return [t]
+    if t.ndim == 2:
+        return [t.amax(1), t.amax(0)]
+    h = t.ndim // 2
+    return axis_maxima(t.amax(dim=tuple(range(h, t.ndim)))) + axis_maxima(t.amax(dim=tuple(range(h))))
+
+
+def outer_minimum(vs: list[Tensor]) -> Tensor:
+    """The elementwise minimum of the broadcast vectors `vs` (each of shape ``1 x .. x n_k
+    x .. x 1``), the halves first: one full-size op (a min is exact, any order)."""
+    if len(vs) == 1:
+        return vs[0]
+    h = len(vs) // 2
+    return torch.minimum(outer_minimum(vs[:h]), outer_minimum(vs[h:]))
 
 
 class InPlace:
@@ -45,7 +63,7 @@ class InPlace:
         """The new vectors: ``accum``'s maximum over the other dimensions, into `mu`."""
         if accum.ndim < 2:
             return mu  # (`accumulate` wrote into the vector)
-        return [torch.amax(accum, dim=_others(accum, k), out=m) for k, m in enumerate(mu)]
+        return [m.copy_(v) for m, v in zip(mu, axis_maxima(accum))]
 
 
 class Pure:
@@ -65,9 +83,7 @@ class Pure:
 
     @staticmethod
     def per_axis(accum: Tensor, mu: list[Tensor]) -> list[Tensor]:
-        if accum.ndim < 2:
-            return [accum]
-        return [torch.amax(accum, dim=_others(accum, k)) for k in range(accum.ndim)]
+        return [accum] if accum.ndim < 2 else axis_maxima(accum)
 
 
 IN_PLACE = InPlace()
@@ -85,7 +101,7 @@ def sm3_moments(
         low = mu[0]  # (IN_PLACE: the accumulator is then written into the vector itself)
     else:
         shaped = [m.reshape([1] * k + [g.shape[k]] + [1] * (g.ndim - k - 1)) for k, m in enumerate(mu)]
-        low = functools.reduce(torch.minimum, shaped)
+        low = outer_minimum(shaped)
     accum = o.accumulate(low, g, c0, c2)
     nu = o.ema(nu, o.scaled(g, accum, eps), b1)
     return o.per_axis(accum, mu), nu
