@@ -71,7 +71,11 @@ class _Stepped(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        value = None if loss is None else float(loss)
+        value = None
+        if self.needs_loss:
+            if loss is None:
+                raise ValueError(f"{name} needs the loss: the closure returned None; return the loss")
+            value = float(loss)
         for group in self.param_groups:
             ps = [p for p in group["params"] if p.grad is not None]
             for p in ps:

@@ -7,8 +7,9 @@ As in the authors' packages, one step size ``d`` serves all param groups: it com
 sums over the params of every group, read on the host once per part of a group per
 step, as the authors' code reads them once per param. A group sets its own ``eps``,
 ``weight_decay`` (and Prodigy's ``d0``, ``safeguard_warmup`` and ``slice_p``,
-D-Adaptation's ``layer_scale``); its ``lr`` is the others' or 0 (a group left out of the sums), as the
-packages allow; what the estimate reads (``betas``, ...) must be the same in all.
+D-Adaptation's ``layer_scale``); its ``lr`` is the others' or 0 (a group left out of
+the sums), as the packages allow; what the estimate reads (``betas``, ...) must be the
+same in all.
 The scalars (``estim_lr``, the estimate ``d``; ``numerator_weighted``; ``count``, the
 steps taken) are kept in every param group, alike, as the authors' packages keep
 theirs; the per-param buffers in ``optimizer.state``. A state_dict of the earlier
@@ -95,11 +96,16 @@ class _Distance(torch.optim.Optimizer):
                     break
         first = next((g for g in self.param_groups if "estim_lr" in g), None)
         if first is None:
-            return float(self.defaults["d0"]), 0.0, 0
+            return float(self._first_d()), 0.0, 0
         return first["estim_lr"], first["numerator_weighted"], first["count"]
 
-    def _lr(self) -> float:
-        """The groups' lr, checked as the authors' packages check it: one value, or 0."""
+    def _first_d(self) -> float:
+        """The estimate ``d`` before the first step."""
+        return self.defaults["d0"]
+
+    def _checked_lr(self) -> float:
+        """The groups' lr (their largest), checked as the authors' packages check it: one
+        value, or 0; and the hyperparameters the estimate reads, alike in all groups."""
         lrs = [float(group["lr"]) for group in self.param_groups]
         lr = max(lrs)
         for i, group in enumerate(self.param_groups):
@@ -128,7 +134,7 @@ class _Distance(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        lr = self._lr()
+        lr = self._checked_lr()
         parts = []
         for group in self.param_groups:
             ps = [p for p in group["params"] if p.grad is not None]
@@ -196,6 +202,9 @@ class Prodigy(_Distance):
             slice_p=slice_p,
         )  # fmt: skip
         super().__init__(params, defaults)
+
+    def _first_d(self) -> float:
+        return self.defaults["d0"]  # (prodigyopt's: a group's d0 scales that group's sums only)
 
     def _new_buffers(self, p: Tensor, group: dict[str, Any]) -> dict[str, Tensor]:
         k = group.get("slice_p", 1)  # (a state_dict of the earlier class has none)
@@ -268,6 +277,9 @@ class DAdaptAdamW(_Distance):
             use_bias_correction=use_bias_correction, d0=d0, layer_scale=1.0,
         )  # fmt: skip
         super().__init__(params, defaults)
+
+    def _first_d(self) -> float:
+        return self.param_groups[0]["d0"]  # (alike in all groups: `shared`)
 
     def _group(self, group: dict[str, Any], active: bool) -> Group:
         # (a state_dict of the earlier class has no layer_scale)
