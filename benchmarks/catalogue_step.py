@@ -64,7 +64,11 @@ CLASSES: dict[str, tuple[dict[str, Any], tuple[str, str, dict[str, Any]]]] = {
     "AdEMAMix": ({"lr": 1e-3}, ADAMW),
     "Yogi": ({"lr": 1e-2}, ADAMW),
     "Signum": ({"lr": 1e-3}, ADAMW),
+    "Momo": ({"lr": 0.5, "weight_decay": 0.01}, ADAMW),
+    "PolyakSGD": ({"max_lr": 0.3}, ADAMW),
+    "SM3": ({"lr": 0.1}, ADAMW),
 }
+NEEDS_LOSS = {"Momo", "PolyakSGD"}  # their step(closure) reads the loss (a constant here; AdamW's ignores it)
 
 
 def reference_name(name: str) -> str:
@@ -88,6 +92,9 @@ def builders(name: str, shapes: list[tuple[int, ...]]) -> dict[str, Callable[[],
         {**kwargs, **extra} if module != "torch.optim" else {"lr": 1e-3, "weight_decay": 0.01, **extra}
     )
 
+    def loss() -> torch.Tensor:
+        return torch.tensor(1.0)
+
     def make(factory: Callable[[list[torch.nn.Parameter]], Any]) -> Callable[[], Callable[[], Any]]:
         def build() -> Callable[[], Any]:
             params = make_trainable(shapes)
@@ -99,7 +106,7 @@ def builders(name: str, shapes: list[tuple[int, ...]]) -> dict[str, Callable[[],
             def step() -> None:
                 for p, g in zip(params, grads):  # schedulefree overwrites p.grad: give it back
                     p.grad = g
-                opt.step()
+                opt.step(loss if name in NEEDS_LOSS else None)
 
             return step
 

@@ -74,30 +74,36 @@ def run_class(
     return params, opt
 
 
-def run_functional(factory: Any, steps: int = STEPS) -> list[torch.Tensor]:
+# one step size for all param groups, as their packages: the functional form over one tree
+SHARED_ESTIMATE = {"Prodigy", "DAdaptAdamW"}
+
+
+def run_functional(factory: Any, steps: int = STEPS, one_tree: bool = False) -> list[torch.Tensor]:
     params = [p.detach() for p in make_params()]
-    groups = [{"0": params[0], "1": params[1]}, {"0": params[2]}]
-    txs = [factory(), factory()]
+    split = lambda f: (
+        [{"0": f[0], "1": f[1], "2": f[2]}] if one_tree else [{"0": f[0], "1": f[1]}, {"0": f[2]}]
+    )  # noqa: E731
+    groups = split(params)
+    txs = [factory() for _ in groups]
     states = [tx.init(g) for tx, g in zip(txs, groups)]
     for step in range(steps):
-        flat = [t.requires_grad_() for t in [groups[0]["0"], groups[0]["1"], groups[1]["0"]]]
+        flat = [t.requires_grad_() for g in groups for t in g.values()]
         loss = loss_of(flat, step)
         grads = torch.autograd.grad(loss, flat)
         loss = loss.detach()
         flat = [t.detach() for t in flat]
-        groups = [{"0": flat[0], "1": flat[1]}, {"0": flat[2]}]
-        gtrees = [{"0": grads[0], "1": grads[1]}, {"0": grads[2]}]
-        for i in range(2):
+        groups, gtrees = split(flat), split(grads)
+        for i in range(len(groups)):
             updates, states[i] = txs[i].update(gtrees[i], states[i], groups[i], value=loss)
             groups[i] = fo.apply_updates(groups[i], updates)
-    return [groups[0]["0"], groups[0]["1"], groups[1]["0"]]
+    return [t for g in groups for t in g.values()]
 
 
 @pytest.mark.parametrize("name", sorted(n for n, (_, factory) in CASES.items() if factory is not None))
 def test_class_steps_as_functional_form(name):
     kwargs, factory = CASES[name]
     params, _ = run_class(name, kwargs)
-    expected = run_functional(factory)
+    expected = run_functional(factory, one_tree=name in SHARED_ESTIMATE)
     for p, e in zip(params, expected):
         torch.testing.assert_close(p.detach(), e, rtol=1e-12, atol=1e-14)
 
@@ -214,3 +220,98 @@ def test_closure_loss_reaches_a_chain_and_skips_transforms_without_extra_args():
     opt = fo.Optimizer(params, lambda lr: fo.chain(fo.clip(1.0), fo.nadam(lr=lr)), lr=0.1)
     opt.step(closure_for(opt, 0))
     assert int(opt.state[params[0]]["1.step"]) == 1
+
+
+def _groups(params: list[torch.Tensor], name: str) -> list[dict[str, Any]]:
+    """Three param groups: the defaults; a group with its own weight decay, eps and
+    (Prodigy) d0 and safeguard_warmup or (D-Adaptation) layer_scale; a group at lr 0
+    (left out of the sums; its weight decay still applies, at the others' lr, as in the
+    packages)."""
+    own: dict[str, Any] = {"weight_decay": 0.3, "eps": 1e-3}
+    own |= {"d0": 1e-4, "safeguard_warmup": True} if name == "Prodigy" else {"layer_scale": 0.5}
+    return [
+        {"params": params[:1]},
+        {"params": params[1:2], **own},
+        {"params": params[2:], "lr": 0.0, "weight_decay": 0.05},
+    ]
+
+
+def run_groups(opt: Any, params: list[torch.Tensor], steps: int, freeze_at: int = -1) -> None:
+    """`steps` steps; the zero gradient at the first leaves the params (no sum yet);
+    from `freeze_at` the second group's lr is 0 (its moments stay, and step it on)."""
+    for step in range(steps):
+        if step == freeze_at:
+            opt.param_groups[1]["lr"] = 0.0
+        opt.zero_grad()
+        loss = loss_of(params, step) * (step > 0)
+        loss.backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("freeze_at", [-1, 12])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"use_bias_correction": True, "weight_decay": 0.1},
+        {"lr": 0.5, "d0": 1e-3, "betas": (0.8, 0.99)},
+        {"betas": (0.0, 0.99), "weight_decay": 0.1},
+    ],
+)
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+def test_param_groups_share_the_estimate_as_in_the_authors_package(name, options, freeze_at):
+    """Three param groups (`_groups`) share one step-size estimate: the class equals the
+    authors' package (float64, 20 steps), each group's params, the estimate and the steps."""
+    module, cls, fixed = REFERENCES[name]
+    reference = getattr(pytest.importorskip(module), cls)
+    theirs_ps, ours_ps = make_params(), make_params()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = reference(_groups(theirs_ps, name), **fixed, **options)
+        run_groups(theirs, theirs_ps, 20, freeze_at)
+    ours = getattr(fo, name)(_groups(ours_ps, name), **options)
+    run_groups(ours, ours_ps, 20, freeze_at)
+    for a, b, p0 in zip(ours_ps, theirs_ps, make_params()):
+        assert not torch.equal(b, p0)  # every group moved (the last by its weight decay only)
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-12 * float((b - p0).detach().abs().max()))
+    for group, their_group in zip(ours.param_groups, theirs.param_groups):
+        assert group["estim_lr"] == pytest.approx(their_group["d"], rel=1e-12, abs=0)
+        assert group["count"] == their_group["k"] == 19  # (the zero gradient's step counts in neither)
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+def test_param_groups_with_other_lr_or_betas_raise(name):
+    """A group's lr is the others' or 0, as the packages require; what the shared
+    estimate reads must be alike in all groups (the packages read the first group's)."""
+    params = make_params()
+    opt = getattr(fo, name)([{"params": params[:1]}, {"params": params[1:], "lr": 0.5}])
+    loss_of(params, 0).backward()
+    with pytest.raises(RuntimeError, match="lr is the others' or 0"):
+        opt.step()
+    opt = getattr(fo, name)([{"params": params[:1]}, {"params": params[1:], "betas": (0.8, 0.9)}])
+    with pytest.raises(ValueError, match="set the same betas in every group"):
+        opt.step()
+
+
+def test_prodigy_slice_p_per_group_as_prodigyopt():
+    """prodigyopt's ``slice_p`` (its sums over every slice_p-th element of each param),
+    set per group, two groups, 20 steps: as the package, and its sliced state's size."""
+    prodigyopt = pytest.importorskip("prodigyopt")
+
+    def groups(ps: list[torch.Tensor]) -> list[dict[str, Any]]:
+        return [{"params": ps[:1]}, {"params": ps[1:], "slice_p": 3, "weight_decay": 0.2}]
+
+    theirs_ps, ours_ps = make_params(), make_params()
+    theirs = prodigyopt.Prodigy(groups(theirs_ps), slice_p=2, d0=1e-3)
+    ours = fo.Prodigy(groups(ours_ps), slice_p=2, d0=1e-3)
+    run_groups(theirs, theirs_ps, 20)
+    run_groups(ours, ours_ps, 20)
+    for a, b, p0 in zip(ours_ps, theirs_ps, make_params()):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-12 * float((b - p0).detach().abs().max()))
+    assert ours.param_groups[0]["estim_lr"] == pytest.approx(theirs.param_groups[0]["d"], rel=1e-12, abs=0)
+    assert [ours.state[p]["grad_sum"].numel() for p in ours_ps] == [6, 2, 2]  # 12 / 2, 4 / 3, 6 / 3
+    ours.param_groups[1]["slice_p"] = 2
+    with pytest.raises(ValueError, match="keep a group's slice_p"):
+        ours.step()

@@ -17,6 +17,8 @@ from ..core.base import GradientTransformation, Params, State, Updates, flatten_
 from ..core.hyperparams import accepts_schedules
 from ..transforms.clipping import Scalar, abs_sq, coef
 from ._common import _bias_correction, _check_state, _count, _increment, full, leafwise, zeros
+from .sm3_math import PURE as SM3_PURE
+from .sm3_math import sm3_moments
 
 __all__ = [
     "ScaleByRStdDevState",
@@ -197,16 +199,10 @@ def _sm3_update(
         c0: Any = torch.where(c2 != 1.0, 1 - c2, torch.ones_like(c2)) if isinstance(c2, Tensor) else None
         if c0 is None:
             c0 = (1 - c2) if c2 != 1.0 else 1.0
-        dims: list[Tensor] = list(mu_lists[i])
-        v = [m.reshape([1] * k + [g.shape[k]] + [1] * (g.ndim - k - 1)) for k, m in enumerate(dims)]
-        accum = c0 * g**2 + c2 * (v[0] if g.ndim < 2 else functools.reduce(torch.minimum, v))
-        up = g * torch.where(accum > 0, torch.rsqrt(accum + coef(eps, g)), 0.0)
-        new_nu[i] = _ema(up, nus[i], coef(b1, g))
+        new_mu[i], new_nu[i] = sm3_moments(
+            SM3_PURE, g, list(mu_lists[i]), nus[i], c0=c0, c2=c2, b1=coef(b1, g), eps=coef(eps, g)
+        )
         out[i] = new_nu[i]
-        if g.ndim < 2:
-            new_mu[i] = [accum]
-        else:
-            new_mu[i] = [torch.amax(accum, dim=[d for d in range(g.ndim) if d != k]) for k in range(g.ndim)]
     return unflatten(out), ScaleBySM3State(unflatten(new_mu), unflatten(new_nu))
 
 

@@ -10,7 +10,7 @@ Where optax branches (``lax.cond``), these compute both sides and pick with
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import Tensor
@@ -29,11 +29,11 @@ from ._common import (
     leafwise,
     require_value,
     scalar,
-    sq_norm,
     vdot,
     zeros,
 )
-from .distance_math import PURE, dadapt_step, prodigy_step
+from .distance_math import PURE, Group, dadapt_step, prodigy_step
+from .loss_step_math import momo_step
 
 __all__ = [
     "DAdaptAdamWState",
@@ -91,11 +91,11 @@ def _dadapt_update(
     check_params(who, params)
     count = _increment(state.count)
     lists, put_back = _present(who, updates, params, state.exp_avg, state.exp_avg_sq, state.grad_sum)
-    [(out, *buffers)], (estim_lr, numerator) = dadapt_step(
-        PURE, [(None, *lists)], state.estim_lr, state.numerator_weighted, _wide(count),
-        lr=_at(learning_rate, state.count), betas=(betas[0], betas[1]), eps=eps, weight_decay=weight_decay,
-        bias_correction=bias_correction,
+    [(out, *buffers)], scalars = dadapt_step(
+        PURE, [(Group(eps, weight_decay), None, *lists)], state.estim_lr, state.numerator_weighted, _wide(count),
+        lr=_at(learning_rate, state.count), betas=(betas[0], betas[1]), bias_correction=bias_correction,
     )  # fmt: skip
+    estim_lr, numerator = cast(tuple[Tensor, Tensor], scalars)  # (PURE never skips)
     out, exp_avg, exp_avg_sq, grad_sum = put_back(out, *buffers)
     dtype = state.estim_lr.dtype
     return out, DAdaptAdamWState(
@@ -205,12 +205,13 @@ def _prodigy_update(
     lists, put_back = _present(
         who, updates, params, state.exp_avg, state.exp_avg_sq, state.grad_sum, state.params0
     )
-    [(out, *buffers)], (estim_lr, numerator) = prodigy_step(
-        PURE, [(None, *lists)], state.estim_lr, state.numerator_weighted, _wide(count),
-        lr=_at(learning_rate, state.count), betas=(betas[0], betas[1]), beta3=beta3, eps=eps, d0=estim_lr0,
-        d_coef=estim_lr_coef, weight_decay=weight_decay, safeguard_warmup=safeguard_warmup,
+    group = Group(eps, weight_decay, d0=estim_lr0, safeguard_warmup=safeguard_warmup)
+    [(out, *buffers)], scalars = prodigy_step(
+        PURE, [(group, None, *lists)], state.estim_lr, state.numerator_weighted, _wide(count),
+        lr=_at(learning_rate, state.count), betas=(betas[0], betas[1]), beta3=beta3, d_coef=estim_lr_coef,
         bias_correction=bias_correction,
     )  # fmt: skip
+    estim_lr, numerator = cast(tuple[Tensor, Tensor], scalars)  # (PURE never skips)
     out, exp_avg, exp_avg_sq, grad_sum, _ = put_back(out, *buffers)
     dtype = state.estim_lr.dtype
     new = ProdigyState(
@@ -281,32 +282,15 @@ def _momo_update(
     check_params(who, params)
     value = require_value(who, value)
     dtype = state.barf.dtype
-    bt = torch.where(state.count == 0, 0.0, scalar(beta, torch.float64, state.count.device))
-    barf = bt * state.barf + (1 - bt) * torch.as_tensor(value).to(dtype)
-    exp_avg = _with_buffers(
-        who, lambda g, ea: ((bt * ea + (1 - bt) * g).to(g.dtype),), updates, state.exp_avg
-    )[1]
-    gamma = bt * state.gamma + (1 - bt) * vdot(updates, params)
-    exp_avg_norm = sq_norm(exp_avg)
-    iprod = vdot(exp_avg, params)
-    alpha = _at(learning_rate, state.count)
-    wd = 1 + alpha * weight_decay
-    if adapt_lower_bound:
-        cap = wd * (barf - gamma) + iprod
-        this_lb = torch.where(cap < wd * state.lb, torch.clamp(cap / (2 * wd), min=lower_bound), state.lb)
-    else:
-        this_lb = state.lb
-    t1 = torch.clamp(wd * (barf - this_lb - gamma) + iprod, min=0.0) / exp_avg_norm
-    t1 = torch.where(exp_avg_norm <= _EPS64, 0.0, t1)
-    tau = torch.minimum(torch.as_tensor(alpha, dtype=t1.dtype), t1)
-    decay = (alpha * weight_decay) / wd
-    out = leafwise(who, lambda ea, p: (-decay * p - tau.to(p.dtype) * ea,), exp_avg, params)[0]
-    if adapt_lower_bound:
-        new_lb = torch.clamp((barf + iprod - gamma) - 0.5 * tau * exp_avg_norm, min=lower_bound)
-    else:
-        new_lb = state.lb
-    new = MomoState(exp_avg, barf.to(dtype), gamma.to(dtype), new_lb.to(dtype), _increment(state.count))
-    return out, new
+    (ps, gs, exp_avg), put_back = _present(who, updates, params, state.exp_avg)
+    out, exp_avg, (barf, gamma, lb) = momo_step(
+        PURE, None, ps, gs, exp_avg, (state.barf, state.gamma, state.lb), state.count == 0,
+        torch.as_tensor(value).to(dtype), lr=_at(learning_rate, state.count),
+        beta=scalar(beta, torch.float64, state.count.device), lower_bound=lower_bound, weight_decay=weight_decay,
+        adapt_lower_bound=adapt_lower_bound,
+    )  # fmt: skip
+    out, exp_avg = put_back(out, exp_avg)
+    return out, MomoState(exp_avg, barf.to(dtype), gamma.to(dtype), lb.to(dtype), _increment(state.count))
 
 
 def momo(

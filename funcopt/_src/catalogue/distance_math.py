@@ -1,36 +1,45 @@
-"""Prodigy's and D-Adaptation AdamW's step, written once over the lists of a param group.
+"""Prodigy's and D-Adaptation AdamW's step, written once over the lists of the params.
 
-Both estimate their step size ``d`` from sums over all params (an inner product and an
+Both estimate one step size ``d`` from sums over all params (an inner product and an
 L1 norm), so their math is no per-tensor `fo.Algorithm`: it runs on whole lists. Each
 function below is the method's whole step, against a namespace ``o`` of list ops:
 
 - `IN_PLACE` (the drop-in classes ``fo.Prodigy``, ``fo.DAdaptAdamW``): the engine's
-  `ForEach` ops (one ``torch._foreach_*`` call per op for the group), which overwrite
-  the buffers and the params (``out`` is the params); the sums are read on the host once
-  per step, and the scalars are Python numbers (double precision, as the authors' code);
+  `ForEach` ops (one ``torch._foreach_*`` call per op and part), which overwrite the
+  buffers and the params (``out`` is the params); the sums are read on the host once
+  per part, and the scalars are Python numbers (double precision, as the authors' code);
 - `PURE` (the functional ``fo.prodigy``, ``fo.dadapt_adamw``): the engine's `Pure` ops
   leaf by leaf, which mutate nothing (``out`` is None: the update is made); the sums and
   scalars stay 0-d tensors, so the step runs under ``torch.func`` and ``torch.compile``.
 
-A step takes the group's params in parts (the classes' are bounded in size, so that the
-temporaries of a large model's step are reused, not mapped anew from the OS each step;
-the functional's is one), and returns each part's ``(out, *buffers)`` and the new
-``(estim_lr, numerator_weighted)``.
+A step takes the params in parts, each of one param group (`Group`: what the group sets
+for itself), and sums over all of them, as the authors' packages sum over all param
+groups: the classes' parts are bounded in size, so that the temporaries of a large
+model's step are reused, not mapped anew from the OS each step; the functional's is
+one. It returns each part's ``(out, *buffers)`` and the new ``(estim_lr,
+numerator_weighted)``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from ..engine.ops import ForEach, Pure, nonzero
 
-__all__ = ["IN_PLACE", "PURE", "dadapt_step", "prodigy_step"]
+__all__ = ["IN_PLACE", "PURE", "Group", "dadapt_step", "prodigy_step"]
 
 Coef = Any  # a Python number (IN_PLACE) or a 0-d tensor (PURE)
+
+
+def _stacked(values: Sequence[Tensor]) -> Tensor:
+    """The sum of 0-d tensors, in float64 (0 for none)."""
+    return (
+        torch.stack(list(values)).sum(dtype=torch.float64) if values else torch.zeros((), dtype=torch.float64)
+    )
 
 
 def _host_sum(values: Sequence[Tensor]) -> float:
@@ -47,11 +56,31 @@ class InPlaceLists(ForEach):
         return _host_sum([torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(xs, ys)])
 
     @staticmethod
+    def dots(pairs: Sequence[tuple[Sequence[Tensor], Sequence[Tensor]]]) -> tuple[float, ...]:
+        """`dot` of each pair of lists, read on the host at once."""
+        sums = [
+            _stacked([torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(xs, ys)]) for xs, ys in pairs
+        ]
+        return tuple(torch.stack(sums).tolist())
+
+    @staticmethod
     def l1(xs: Sequence[Tensor]) -> float:
         """``sum_i |xs[i]|_1``, read on the host."""
         return _host_sum([x.abs().sum() for x in xs])  # (foreach_norm's ord 1: 2x slower on CPU)
 
     maximum = staticmethod(max)
+
+    @staticmethod
+    def sliced(xs: list[Tensor], k: int) -> list[Tensor]:
+        """Every `k`-th element of each tensor, flattened (views where contiguous), as
+        ``prodigyopt``'s ``slice_p`` takes them; the list itself for 1."""
+        return xs if k == 1 else [x.reshape(-1)[::k] for x in xs]
+
+    @staticmethod
+    def no_sum(l1: float) -> bool:
+        """Whether the L1 sum is 0 (no gradient yet, or every group at lr 0): the
+        authors' step then leaves the params (and the estimate) as they are."""
+        return l1 == 0
 
 
 def _mapped(op: Callable[..., Any]) -> Any:
@@ -83,11 +112,14 @@ class PureLists:
     mul_ = _mapped(Pure.mul_)
     addcmul_ = _mapped(Pure.addcmul_)
     addcdiv_ = _mapped(Pure.addcdiv_)
-    decay_ = _mapped(Pure.decay_)
 
     @staticmethod
     def dot(xs: Sequence[Tensor], ys: Sequence[Tensor]) -> Tensor:
         return _tensor_sum([(x * y).sum() for x, y in zip(xs, ys)])
+
+    @staticmethod
+    def dots(pairs: Sequence[tuple[Sequence[Tensor], Sequence[Tensor]]]) -> tuple[Tensor, ...]:
+        return tuple(PureLists.dot(xs, ys) for xs, ys in pairs)
 
     @staticmethod
     def l1(xs: Sequence[Tensor]) -> Tensor:
@@ -96,6 +128,15 @@ class PureLists:
     @staticmethod
     def maximum(a: Tensor, b: Tensor) -> Tensor:
         return torch.maximum(a, b.to(a.dtype))
+
+    @staticmethod
+    def sliced(xs: list[Tensor], k: int) -> list[Tensor]:
+        return xs if k == 1 else [x.reshape(-1)[::k] for x in xs]
+
+    @staticmethod
+    def no_sum(l1: Tensor) -> bool:
+        """Never read (the step stays one graph): a 0 sum gives optax's nan or inf."""
+        return False
 
 
 IN_PLACE = InPlaceLists()
@@ -107,68 +148,104 @@ def _bias_correction(betas: tuple[Coef, Coef], step: Coef, on: bool) -> Coef:
     return ((1 - betas[1] ** step) ** 0.5) / (1 - betas[0] ** step) if on else 1.0
 
 
+class Group(NamedTuple):
+    """What a param group sets for itself; the estimate ``d`` and the rest are shared
+    by all groups (the authors' packages read them from the first group)."""
+
+    eps: Coef
+    weight_decay: Coef
+    d0: Coef = 1.0  # Prodigy: the ratio d / d0 of this group's sums
+    safeguard_warmup: bool = False  # Prodigy
+    slice_p: int = 1  # Prodigy: its sums over every slice_p-th element of each param (flattened)
+    layer_scale: Coef = 1.0  # D-Adaptation's per-group weight of the sums and the step
+    active: bool = True  # lr > 0: a group at lr 0 adds nothing to the sums or its moments
+
+
 Part = tuple[Any, ...]
-"""A part of the group's params, stepped together: ``(out, params, grads, *buffers)``, lists."""
+"""A part of a group's params, stepped together: ``(group, out, params, grads, *buffers)``,
+the group a `Group`, the others lists."""
 
 
 def prodigy_step(
     o: Any, parts: list[Part], estim_lr: Coef, numerator_weighted: Coef, step: Coef, *, lr: Coef,
-    betas: tuple[Coef, Coef], beta3: Coef | None, eps: Coef, d0: Coef, d_coef: Coef, weight_decay: Coef,
-    safeguard_warmup: bool, bias_correction: bool,
-) -> tuple[list[Part], tuple[Coef, Coef]]:  # fmt: skip
+    betas: tuple[Coef, Coef], beta3: Coef | None, d_coef: Coef, bias_correction: bool,
+    grad_step_at_beta1_0: bool = False,
+) -> tuple[list[Part], tuple[Coef, Coef] | None]:  # fmt: skip
     """Prodigy's step (``prodigyopt``'s with ``decouple=True``; optax's ``prodigy`` with
-    `bias_correction`) at `step` (from 1): ``d`` is `estim_lr`, `d0` its first value.
-    `parts` hold the buffers ``exp_avg, exp_avg_sq, grad_sum, params0``; the moments of
-    every part are taken before the new ``d`` steps any. Returns, per part,
-    ``(out, *new buffers)``, and the new ``d`` and ``numerator_weighted``."""
+    `bias_correction`) at `step` (from 1): ``d`` is `estim_lr`, each group's ``d0`` its
+    first value in that group's ratio ``d / d0``. `parts` hold the buffers ``exp_avg,
+    exp_avg_sq, grad_sum, params0`` (the last two of every ``slice_p``-th element of each
+    param, flattened, where a group's ``slice_p`` is above 1); the moments of every part are taken before the new
+    ``d`` steps any. Returns, per part, ``(out, *new buffers)``, and the new ``d`` and
+    ``numerator_weighted``; None for these where the sums are 0 read on the host (no
+    gradient yet): the params are then not stepped, as in ``prodigyopt``. With
+    `grad_step_at_beta1_0` and ``betas[0] = 0``, the params step along the gradient
+    times the new ``d``, as ``prodigyopt``'s (optax's along its momentum, the old ``d``
+    times the gradient)."""
     beta1, beta2 = betas
     b3 = beta2**0.5 if beta3 is None else beta3
     d = estim_lr
     dlr = d * lr * _bias_correction(betas, step, bias_correction)
     delta, l1, moved = 0.0, 0.0, []
-    for out, ps, gs, exp_avg, exp_avg_sq, grad_sum, params0 in parts:
-        delta = delta + o.dot(gs, o.sub(params0, ps))  # before the params move
-        exp_avg = o.add_(o.mul_(exp_avg, beta1), gs, alpha=d * (1 - beta1))
-        exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), gs, gs, value=d * d * (1 - beta2))
-        grad_sum = o.add_(o.mul_(grad_sum, b3), gs, alpha=(d / d0) * (d if safeguard_warmup else dlr))
-        l1 = l1 + o.l1(grad_sum)
-        moved.append((out, ps, exp_avg, exp_avg_sq, grad_sum, params0))
-    numerator = b3 * numerator_weighted + (d / d0) * dlr * delta
+    for group, out, ps, gs, exp_avg, exp_avg_sq, grad_sum, params0 in parts:
+        if group.active:
+            ratio = d / group.d0
+            sliced_gs = o.sliced(gs, group.slice_p)  # (gs itself for slice_p 1)
+            travelled = o.sub(params0, o.sliced(ps, group.slice_p))  # (the params not moved yet)
+            delta = delta + ratio * dlr * o.dot(sliced_gs, travelled)
+            exp_avg = o.add_(o.mul_(exp_avg, beta1), gs, alpha=d * (1 - beta1))
+            exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), gs, gs, value=d * d * (1 - beta2))
+            alpha = ratio * (d if group.safeguard_warmup else dlr)
+            grad_sum = o.add_(o.mul_(grad_sum, b3), sliced_gs, alpha=alpha)
+            l1 = l1 + o.l1(grad_sum)
+        moved.append((group, out, ps, gs, exp_avg, exp_avg_sq, grad_sum, params0))
+    if o.no_sum(l1):
+        return [(out, *buffers) for _, out, _, _, *buffers in moved], None
+    numerator = b3 * numerator_weighted + delta
     new_d = o.maximum(d, d_coef * numerator / l1)
     stepped = []
-    for out, ps, exp_avg, exp_avg_sq, grad_sum, params0 in moved:
-        denom = o.add_(o.sqrt(exp_avg_sq), new_d * eps)  # the new estimate scales eps
-        if nonzero(weight_decay):
-            out = o.decay_(out, ps, 1 - weight_decay * dlr)
-        out = o.addcdiv_(out, exp_avg, denom, value=-dlr)
+    for group, out, ps, gs, exp_avg, exp_avg_sq, grad_sum, params0 in moved:
+        denom = o.add_(o.sqrt(exp_avg_sq), new_d * group.eps)  # the new estimate scales eps
+        if nonzero(group.weight_decay):
+            out = o.add_(out, ps, alpha=-group.weight_decay * dlr)  # (the packages' p + (-wd * dlr) * p)
+        if grad_step_at_beta1_0 and beta1 == 0:
+            out = o.addcdiv_(out, gs, denom, value=-dlr * new_d)
+        else:
+            out = o.addcdiv_(out, exp_avg, denom, value=-dlr)
         stepped.append((out, exp_avg, exp_avg_sq, grad_sum, params0))
     return stepped, (new_d, numerator)
 
 
 def dadapt_step(
     o: Any, parts: list[Part], estim_lr: Coef, numerator_weighted: Coef, step: Coef, *, lr: Coef,
-    betas: tuple[Coef, Coef], eps: Coef, weight_decay: Coef, bias_correction: bool,
-) -> tuple[list[Part], tuple[Coef, Coef]]:  # fmt: skip
+    betas: tuple[Coef, Coef], bias_correction: bool,
+) -> tuple[list[Part], tuple[Coef, Coef] | None]:  # fmt: skip
     """D-Adaptation AdamW's step (``dadaptation.DAdaptAdam(decouple=True)``; optax's
     ``dadapt_adamw`` with `bias_correction`) at `step` (from 1), as `prodigy_step` (the
-    buffers ``exp_avg, exp_avg_sq, grad_sum``)."""
+    buffers ``exp_avg, exp_avg_sq, grad_sum``; a group's ``layer_scale`` weighs its
+    sums and its moment)."""
     beta1, beta2 = betas
     sb2 = beta2**0.5
     dlr = estim_lr * lr * _bias_correction(betas, step, bias_correction)
     acum, l1, moved = 0.0, 0.0, []
-    for out, ps, gs, exp_avg, exp_avg_sq, grad_sum in parts:
-        acum = acum + o.dot(gs, o.div(grad_sum, o.add_(o.sqrt(exp_avg_sq), eps)))  # the old moments
-        exp_avg = o.add_(o.mul_(exp_avg, beta1), gs, alpha=dlr * (1 - beta1))
-        exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), gs, gs, value=1 - beta2)
-        grad_sum = o.add_(o.mul_(grad_sum, sb2), gs, alpha=dlr * (1 - sb2))
-        l1 = l1 + o.l1(grad_sum)
-        moved.append((out, ps, exp_avg, exp_avg_sq, grad_sum))
+    for group, out, ps, gs, exp_avg, exp_avg_sq, grad_sum in parts:
+        if group.active:
+            r = group.layer_scale
+            denom = o.add_(o.sqrt(exp_avg_sq), group.eps)  # the old moments
+            acum = acum + r * o.dot(gs, o.div(grad_sum, denom))
+            exp_avg = o.add_(o.mul_(exp_avg, beta1), gs, alpha=r * dlr * (1 - beta1))
+            exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), gs, gs, value=1 - beta2)
+            grad_sum = o.add_(o.mul_(grad_sum, sb2), gs, alpha=dlr * (1 - sb2))
+            l1 = l1 + r * o.l1(grad_sum)
+        moved.append((group, out, ps, exp_avg, exp_avg_sq, grad_sum))
+    if o.no_sum(l1):
+        return [(out, *buffers) for _, out, _, *buffers in moved], None
     numerator = sb2 * numerator_weighted + (1 - sb2) * dlr * acum
     new_d = o.maximum(estim_lr, numerator / ((1 - sb2) * l1))
     stepped = []
-    for out, ps, exp_avg, exp_avg_sq, grad_sum in moved:
-        if nonzero(weight_decay):
-            out = o.decay_(out, ps, 1 - weight_decay * dlr)
-        out = o.addcdiv_(out, exp_avg, o.add_(o.sqrt(exp_avg_sq), eps), value=-1)
+    for group, out, ps, exp_avg, exp_avg_sq, grad_sum in moved:
+        if nonzero(group.weight_decay):
+            out = o.add_(out, ps, alpha=-group.weight_decay * dlr)  # (the packages' p + (-wd * dlr) * p)
+        out = o.addcdiv_(out, exp_avg, o.add_(o.sqrt(exp_avg_sq), group.eps), value=-1)
         stepped.append((out, exp_avg, exp_avg_sq, grad_sum))
     return stepped, (new_d, numerator)

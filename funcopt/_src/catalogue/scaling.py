@@ -33,6 +33,7 @@ from ._common import (
     split,
     sq_norm,
 )
+from .loss_step_math import polyak_step_size
 
 __all__ = [
     "AddNoiseState",
@@ -198,16 +199,9 @@ def _polyak_update(
     if not present(updates):
         return updates, state
     grad_sq_norm = sq_norm(updates)
-    gap = torch.as_tensor(value - f_min).to(dtype=grad_sq_norm.dtype, device=grad_sq_norm.device)
-    if variant == "sps+":
-        gap = torch.relu(gap)
-    denom = grad_sq_norm + eps
-    step = torch.where(
-        denom <= torch.finfo(torch.float64).eps,
-        torch.zeros_like(denom),
-        torch.minimum(
-            gap / denom, torch.as_tensor(max_learning_rate, dtype=denom.dtype, device=denom.device)
-        ),
+    value = torch.as_tensor(value).to(dtype=grad_sq_norm.dtype, device=grad_sq_norm.device)
+    step = polyak_step_size(
+        value, grad_sq_norm, f_min=f_min, max_lr=max_learning_rate, eps=eps, variant=variant
     )
     return map_updates(lambda u: step.to(u.dtype) * u, updates), state
 

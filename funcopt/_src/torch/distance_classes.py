@@ -1,14 +1,20 @@
 """The drop-in classes of the step-size-adaptive methods, `Prodigy` and `DAdaptAdamW`,
 with the constructors of the authors' packages (``prodigyopt``, ``dadaptation``).
 
-Each steps a param group in place with foreach ops, through the same math as its
+Each steps its params in place with foreach ops, through the same math as its
 functional form (``catalogue/distance_math.py``: the functional runs it with pure ops).
-Their step size ``d`` comes from sums over the group's params, read on the host once
-per step, as the authors' code reads them. A group's scalars (``estim_lr``, the
-estimate ``d``; ``numerator_weighted``; ``count``, the steps taken) are kept in the
-param group, as the authors' packages keep theirs; the per-param buffers in
-``optimizer.state``. A state_dict of the earlier `fo.Optimizer`-based classes, which
-kept the scalars in each param's state, loads too.
+As in the authors' packages, one step size ``d`` serves all param groups: it comes from
+sums over the params of every group, read on the host once per part of a group per
+step, as the authors' code reads them once per param. A group sets its own ``eps``,
+``weight_decay`` (and Prodigy's ``d0``, ``safeguard_warmup`` and ``slice_p``,
+D-Adaptation's ``layer_scale``); its ``lr`` is the others' or 0 (a group left out of
+the sums), as the packages allow; what the estimate reads (``betas``, ...) must be the
+same in all.
+The scalars (``estim_lr``, the estimate ``d``; ``numerator_weighted``; ``count``, the
+steps taken) are kept in every param group, alike, as the authors' packages keep
+theirs; the per-param buffers in ``optimizer.state``. A state_dict of the earlier
+classes, which kept one estimate per group (in the group, or in each param's state
+before), loads too: the first group's estimate goes on for all.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
-from ..catalogue.distance_math import IN_PLACE, dadapt_step, prodigy_step
+from ..catalogue.distance_math import IN_PLACE, Group, dadapt_step, prodigy_step
 from .catalogue_classes import _check
 
 __all__ = ["DAdaptAdamW", "Prodigy"]
@@ -55,68 +61,114 @@ def _real(t: Tensor) -> Tensor:
 
 
 class _Distance(torch.optim.Optimizer):
-    """What the two classes share: the step over each group's params with a gradient,
-    their buffers made at their first step, and the group's scalars."""
+    """What the two classes share: the step over the params with a gradient, their
+    buffers made at their first step, and the scalars kept in every group."""
 
     buffers: tuple[str, ...] = ()
+    shared: tuple[str, ...] = ()  # the hyperparameters the estimate reads: alike in all groups
+    package = ""
 
-    def _math(self, group: dict[str, Any], lists: list[list[Tensor]], scalars: tuple[Any, ...]) -> Any:
+    def _math(self, parts: list[Any], lr: float, scalars: tuple[Any, ...]) -> Any:
         raise NotImplementedError
 
-    def _new_buffers(self, p: Tensor) -> dict[str, Tensor]:
+    def _group(self, group: dict[str, Any], active: bool) -> Group:
+        raise NotImplementedError
+
+    def _new_buffers(self, p: Tensor, group: dict[str, Any]) -> dict[str, Tensor]:
         zeros = lambda: torch.zeros_like(p, memory_format=torch.preserve_format)  # noqa: E731
         return {"exp_avg": zeros(), "exp_avg_sq": zeros(), "grad_sum": zeros()}
 
-    def _scalars(self, group: dict[str, Any]) -> tuple[float, float, int]:
-        """The group's scalars; taken out of the params' state where an earlier version's
-        state_dict put them, and started at ``d0``, 0 and 0 at the first step."""
-        for p in group["params"]:
-            state = self.state.get(p, {})
-            if "estim_lr" in state:  # the fo.Optimizer-based classes' state
-                values = [state.pop(k) for k in _SCALARS]
-                group.update(zip(_SCALARS, (float(values[0]), float(values[1]), int(values[2]))))
-                for q in group["params"]:
-                    for k in _SCALARS:
-                        self.state.get(q, {}).pop(k, None)
-                break
-        group.setdefault("estim_lr", float(group["d0"]))
-        group.setdefault("numerator_weighted", 0.0)
-        group.setdefault("count", 0)
-        return group["estim_lr"], group["numerator_weighted"], group["count"]
+    def _check_state(self, group: dict[str, Any], ps: list[Tensor]) -> None:
+        """Raise where a param's state does not fit the group's settings."""
+
+    def _scalars(self) -> tuple[float, float, int]:
+        """The scalars: the first group's that has them (taken out of the params' state
+        where an earlier version's state_dict put them), started at ``d0``, 0 and 0."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state.get(p, {})
+                if "estim_lr" in state:  # the fo.Optimizer-based classes' state
+                    values = [state.pop(k) for k in _SCALARS]
+                    group.update(zip(_SCALARS, (float(values[0]), float(values[1]), int(values[2]))))
+                    for q in group["params"]:
+                        for k in _SCALARS:
+                            self.state.get(q, {}).pop(k, None)
+                    break
+        first = next((g for g in self.param_groups if "estim_lr" in g), None)
+        if first is None:
+            return float(self._first_d()), 0.0, 0
+        return first["estim_lr"], first["numerator_weighted"], first["count"]
+
+    def _first_d(self) -> float:
+        """The estimate ``d`` before the first step."""
+        return self.defaults["d0"]
+
+    def _checked_lr(self) -> float:
+        """The groups' lr (their largest), checked as the authors' packages check it: one
+        value, or 0; and the hyperparameters the estimate reads, alike in all groups."""
+        lrs = [float(group["lr"]) for group in self.param_groups]
+        lr = max(lrs)
+        for i, group in enumerate(self.param_groups):
+            if lrs[i] not in (lr, 0.0):
+                raise RuntimeError(
+                    f"{type(self).__name__}: param group {i} has lr {lrs[i]}, another {lr}; all groups share "
+                    f"one step-size estimate, so, as in {self.package}, a group's lr is the others' or 0 "
+                    "(a group left out). Give the groups one lr" + self.scale_hint
+                )
+            for key in self.shared:
+                if group.get(key) != self.param_groups[0].get(key):
+                    raise ValueError(
+                        f"{type(self).__name__}: param group {i} has {key}={group.get(key)!r}, the first "
+                        f"{self.param_groups[0].get(key)!r}; the step-size estimate that all groups share reads "
+                        f"it (from the first group, in {self.package}): set the same {key} in every group"
+                    )
+        return lr
+
+    scale_hint = "."
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """One step of each param group; `closure` (optional) recomputes the loss,
+        """One step of all param groups; `closure` (optional) recomputes the loss,
         which is returned."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        lr = self._checked_lr()
+        parts = []
         for group in self.param_groups:
             ps = [p for p in group["params"] if p.grad is not None]
-            if not ps:
-                continue
             for p in ps:
                 if p.grad.is_sparse:
                     raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
                 if not self.state[p]:
-                    self.state[p].update(self._new_buffers(p))
-            estim_lr, numerator, count = self._scalars(group)
-            lists = [[_real(p) for p in ps], [_real(p.grad) for p in ps]]
-            lists += [[_real(self.state[p][k]) for p in ps] for k in self.buffers]
-            d, numerator = self._math(group, lists, (estim_lr, numerator, count + 1))
-            group.update(estim_lr=d, numerator_weighted=numerator, count=count + 1)
+                    self.state[p].update(self._new_buffers(p, group))
+            if ps:
+                self._check_state(group, ps)
+                lists = [[_real(p) for p in ps], [_real(p.grad) for p in ps]]
+                lists += [[_real(self.state[p][k]) for p in ps] for k in self.buffers]
+                options = self._group(group, float(group["lr"]) > 0)
+                parts += [(options, *part) for part in _parts(lists)]
+        estim_lr, numerator, count = self._scalars()
+        new = self._math(parts, lr, (estim_lr, numerator, count + 1))
+        if new is not None:  # (None: no sum yet, no step, as the authors' packages)
+            for group in self.param_groups:
+                group.update(estim_lr=new[0], numerator_weighted=new[1], count=count + 1)
         return loss
 
 
 class Prodigy(_Distance):
     """Prodigy (Mishchenko and Defazio 2023) with the constructor of the authors'
-    ``prodigyopt.Prodigy`` (its ``decouple=True``; no ``growth_rate``, ``slice_p`` or
-    ``fsdp_in_use``): for one param group it steps as ``prodigyopt`` to float64
-    round-off. With several groups ``prodigyopt`` estimates one step size for all of
-    them, this class one per group (each group steps on its own). With
-    ``use_bias_correction=True`` it is optax's ``prodigy``. The functional form is
-    `fo.prodigy` (``bias_correction=False`` for this class's default).
+    ``prodigyopt.Prodigy`` (its ``decouple=True``; no ``growth_rate`` or
+    ``fsdp_in_use``): it steps as ``prodigyopt`` to float64 round-off, one step size
+    for all param groups. A group may set its own ``weight_decay``, ``eps``, ``d0``
+    (which scales its sums, ``d / d0``), ``safeguard_warmup`` and ``slice_p`` (its sums
+    over every ``slice_p``-th element of each param: ``grad_sum`` and ``params0`` hold
+    those, flattened), and ``lr`` 0 (the
+    others' lr else); ``betas``, ``beta3``, ``d_coef`` and ``use_bias_correction`` are
+    the same in all. With ``use_bias_correction=True`` and one group it is optax's
+    ``prodigy``. The functional form is `fo.prodigy` (``bias_correction=False`` for
+    this class's default).
 
     Example:
         >>> import torch, funcopt as fo
@@ -124,6 +176,8 @@ class Prodigy(_Distance):
     """
 
     buffers = ("exp_avg", "exp_avg_sq", "grad_sum", "params0")
+    shared = ("betas", "beta3", "d_coef", "use_bias_correction")
+    package = "prodigyopt"
 
     def __init__(
         self,
@@ -137,33 +191,65 @@ class Prodigy(_Distance):
         safeguard_warmup: bool = False,
         d0: float = 1e-6,
         d_coef: float = 1.0,
+        slice_p: int = 1,
     ) -> None:
         _check(lr, eps, weight_decay, betas)
+        if isinstance(slice_p, bool) or not isinstance(slice_p, int) or slice_p < 1:
+            raise ValueError(f"Invalid slice_p value: {slice_p!r} (a whole number, 1 or more)")
         defaults = dict(
             lr=lr, betas=tuple(betas), beta3=beta3, eps=eps, weight_decay=weight_decay,
             use_bias_correction=use_bias_correction, safeguard_warmup=safeguard_warmup, d0=d0, d_coef=d_coef,
+            slice_p=slice_p,
         )  # fmt: skip
         super().__init__(params, defaults)
 
-    def _new_buffers(self, p: Tensor) -> dict[str, Tensor]:
-        return {**super()._new_buffers(p), "params0": p.detach().clone(memory_format=torch.preserve_format)}
+    def _first_d(self) -> float:
+        return self.defaults["d0"]  # (prodigyopt's: a group's d0 scales that group's sums only)
 
-    def _math(self, group: dict[str, Any], lists: list[list[Tensor]], scalars: tuple[Any, ...]) -> Any:
-        _, new = prodigy_step(
-            IN_PLACE, _parts(lists), *scalars, lr=float(group["lr"]), betas=group["betas"], beta3=group["beta3"],
-            eps=group["eps"], d0=group["d0"], d_coef=group["d_coef"], weight_decay=group["weight_decay"],
-            safeguard_warmup=group["safeguard_warmup"], bias_correction=group["use_bias_correction"],
-        )  # fmt: skip
-        return new
+    def _new_buffers(self, p: Tensor, group: dict[str, Any]) -> dict[str, Tensor]:
+        k = group.get("slice_p", 1)  # (a state_dict of the earlier class has none)
+        if k == 1:
+            return {
+                **super()._new_buffers(p, group),
+                "params0": p.detach().clone(memory_format=torch.preserve_format),
+            }
+        sliced = p.detach().reshape(-1)[::k]
+        zeros = lambda: torch.zeros_like(p, memory_format=torch.preserve_format)  # noqa: E731
+        return {"exp_avg": zeros(), "exp_avg_sq": zeros(), "grad_sum": torch.zeros_like(sliced),
+                "params0": sliced.clone()}  # fmt: skip
+
+    def _check_state(self, group: dict[str, Any], ps: list[Tensor]) -> None:
+        k = group.get("slice_p", 1)
+        for p in ps:
+            if self.state[p]["grad_sum"].numel() != (p.numel() + k - 1) // k:
+                raise ValueError(
+                    f"Prodigy: a param's grad_sum has {self.state[p]['grad_sum'].numel()} elements, not those of "
+                    f"every {k}-th of its {p.numel()} (its group's slice_p): keep a group's slice_p from its "
+                    "first step on"
+                )
+
+    def _group(self, group: dict[str, Any], active: bool) -> Group:
+        return Group(group["eps"], group["weight_decay"], d0=group["d0"], safeguard_warmup=group["safeguard_warmup"],
+                     slice_p=group.get("slice_p", 1), active=active)  # fmt: skip
+
+    def _math(self, parts: list[Any], lr: float, scalars: tuple[Any, ...]) -> Any:
+        first = self.param_groups[0]
+        return prodigy_step(
+            IN_PLACE, parts, *scalars, lr=lr, betas=first["betas"], beta3=first["beta3"], d_coef=first["d_coef"],
+            bias_correction=first["use_bias_correction"], grad_step_at_beta1_0=True,
+        )[1]  # fmt: skip
 
 
 class DAdaptAdamW(_Distance):
     """D-Adaptation AdamW (Defazio and Mishchenko 2023) with the constructor of the
     authors' ``dadaptation.DAdaptAdam(decouple=True)`` (no ``growth_rate``,
-    ``log_every`` or ``fsdp_in_use``): for one param group it steps as ``dadaptation``
-    to float64 round-off. With several groups ``dadaptation`` estimates one step size
-    for all, this class one per group. With ``use_bias_correction=True`` it is optax's
-    ``dadapt_adamw``. The functional form is `fo.dadapt_adamw`.
+    ``log_every`` or ``fsdp_in_use``): it steps as ``dadaptation`` to float64
+    round-off, one step size for all param groups. A group may set its own
+    ``weight_decay``, ``eps`` and ``layer_scale`` (default 1: the weight of its sums and
+    its step, as ``dadaptation``'s), and ``lr`` 0 (the others' lr else); ``betas``,
+    ``d0`` and ``use_bias_correction`` are the same in all. With
+    ``use_bias_correction=True`` and one group it is optax's ``dadapt_adamw``. The
+    functional form is `fo.dadapt_adamw`.
 
     Example:
         >>> import torch, funcopt as fo
@@ -171,6 +257,9 @@ class DAdaptAdamW(_Distance):
     """
 
     buffers = ("exp_avg", "exp_avg_sq", "grad_sum")
+    shared = ("betas", "d0", "use_bias_correction")
+    package = "dadaptation"
+    scale_hint = ", and scale a group's step with its layer_scale."
 
     def __init__(
         self,
@@ -185,13 +274,26 @@ class DAdaptAdamW(_Distance):
         _check(lr, eps, weight_decay, betas)
         defaults = dict(
             lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-            use_bias_correction=use_bias_correction, d0=d0,
+            use_bias_correction=use_bias_correction, d0=d0, layer_scale=1.0,
         )  # fmt: skip
         super().__init__(params, defaults)
 
-    def _math(self, group: dict[str, Any], lists: list[list[Tensor]], scalars: tuple[Any, ...]) -> Any:
-        _, new = dadapt_step(
-            IN_PLACE, _parts(lists), *scalars, lr=float(group["lr"]), betas=group["betas"], eps=group["eps"],
-            weight_decay=group["weight_decay"], bias_correction=group["use_bias_correction"],
-        )  # fmt: skip
-        return new
+    def _first_d(self) -> float:
+        return self.param_groups[0]["d0"]  # (alike in all groups: `shared`)
+
+    def _group(self, group: dict[str, Any], active: bool) -> Group:
+        # (a state_dict of the earlier class has no layer_scale)
+        return Group(
+            group["eps"], group["weight_decay"], layer_scale=group.get("layer_scale", 1.0), active=active
+        )
+
+    def _math(self, parts: list[Any], lr: float, scalars: tuple[Any, ...]) -> Any:
+        first = self.param_groups[0]
+        return dadapt_step(
+            IN_PLACE,
+            parts,
+            *scalars,
+            lr=lr,
+            betas=first["betas"],
+            bias_correction=first["use_bias_correction"],
+        )[1]
