@@ -54,7 +54,9 @@ class _FirstOrderOnly(torch.autograd.Function):
                 "cannot go through torch's scan, whose double backward is wrong in torch 2.13. Use fo.inner_loop "
                 "for higher-order derivatives (its second-order meta-gradient needs no double backward)"
             )
-        return grads
+        # (standard strides: under one compiled graph, torch's scan backward refuses a gradient
+        # whose strides differ from its body's, even in a dimension of size 1)
+        return tuple(g.clone(memory_format=torch.contiguous_format) for g in grads)
 
 
 def _distinct(xs: list[Tensor]) -> list[Tensor]:
@@ -181,7 +183,7 @@ def _scan(
 ) -> tuple[list[Tensor], Tensor]:
     """`step` scanned over the batches `stacked` from `leaves`: the final leaves and the
     K losses, guarded against a double backward (`_FirstOrderOnly`)."""
-    constant = _probe(step, leaves, stacked)
+    constant = (_traced_probe if torch.compiler.is_compiling() else _probe)(step, leaves, stacked)
     guarded = list(_FirstOrderOnly.apply(*_distinct(leaves), *_distinct(optree.tree_leaves(stacked))))
     leaves, stacked = (
         guarded[: len(leaves)],
@@ -208,6 +210,17 @@ def _scan(
         final[i] = c.to(leaves[i].dtype)
     *final, losses = _FirstOrderOnly.apply(*final, losses)
     return final, losses
+
+
+def _traced_probe(step: Callable[..., Any], leaves: list[Tensor], xs: Any) -> set[int]:
+    """`_probe` while TorchDynamo traces: the step is traced, not run, and its outputs,
+    read only for their identity, are dead code that the compiler drops, so no eager
+    step runs at each call (it cost more than the compiled loop at K=5). Nothing
+    requires a foreign-leaf check here: TorchDynamo passes a tensor the steps read from
+    a closure to the scan as an input, which gets its gradient, and a compiled backward
+    refuses ``create_graph=True``."""
+    out, _ = step(leaves, optree.tree_map(lambda x: x[0], xs))
+    return {i for i, (a, b) in enumerate(zip(leaves, out)) if a is b}
 
 
 def _probe(step: Callable[..., Any], leaves: list[Tensor], xs: Any) -> set[int]:
