@@ -19,9 +19,9 @@ run, rather than return a wrong number:
   copied here), and even so inductor fails in torch 2.13 ("DataDependentOutputException:
   aten._local_scalar_dense", forward alone included): its lowering of scan to a
   ``while_loop`` reads the loop counter with ``.item()``. With
-  ``torch._dynamo.config.capture_scalar_outputs = True`` it compiles (not as one graph:
-  ``fullgraph=True`` stops at the torch.func check below, which TorchDynamo's tracing
-  trips, and at `_probe`'s ``fork_rng``); docs/long-inner-loops.md has the numbers.
+  ``torch._dynamo.config.capture_scalar_outputs = True`` it compiles, as one graph
+  (``fullgraph=True`` works): there the probing step is traced, not run (`_traced_probe`);
+  docs/long-inner-loops.md has the numbers.
 """
 
 from __future__ import annotations
@@ -108,9 +108,9 @@ def scan_inner_loop(
     ``batches[k] = tuple(x[k] for x in xs)``, differentiable by ``.backward()`` and
     ``torch.autograd.grad`` (second-order meta-gradients included). Under
     ``torch.compile`` the step is traced once, whatever K, but torch 2.13's inductor
-    needs ``torch._dynamo.config.capture_scalar_outputs = True`` for it and
-    ``fullgraph=True`` fails (see the module's notes); eagerly, torch's scan traces the
-    step at every call, which takes seconds.
+    needs ``torch._dynamo.config.capture_scalar_outputs = True`` for it (see the
+    module's notes); eagerly, torch's scan traces the step at every call, which takes
+    seconds.
 
     Args:
         loss_fn: ``loss_fn(params, *batch) -> scalar``.
