@@ -6,9 +6,10 @@ compiled call costs"), apart from funcopt: the step is N tensors of 8x40 through
 
     python benchmarks/scan_overhead.py [K ...]   (default 5 50 500; N=19 carries by env)
 
-Measured 2026-12-02 on a loaded 2-core machine (load average 7.5 to 8.4): fwd+bwd 6.25 ms
-a call at K=5, 16.35 ms at K=50, 83.31 ms at K=500 (unrolled: 1.38 ms at K=5, 6.71 ms at
-K=50); forward alone (no_grad) 0.59, 7.36 and 27.57 ms (unrolled 0.13 and 1.20 ms).
+Measured 2026-12-02 on a shared 2-core machine, one process per line: fwd+bwd 1.91 ms a
+call at K=5 (load average 4.9; unrolled 0.49 ms), 8.23 ms at K=50 and 68.07 ms at K=500
+(load 2 to 3; unrolled 2.76 ms at K=50); forward alone (no_grad) 0.40 ms at K=5
+(unrolled 0.18 ms). At load 7.5 to 8.4: 6.25 ms at K=5 (unrolled 1.38 ms).
 """
 
 from __future__ import annotations
