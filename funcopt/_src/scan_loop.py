@@ -19,9 +19,9 @@ run, rather than return a wrong number:
   copied here), and even so inductor fails in torch 2.13 ("DataDependentOutputException:
   aten._local_scalar_dense", forward alone included): its lowering of scan to a
   ``while_loop`` reads the loop counter with ``.item()``. With
-  ``torch._dynamo.config.capture_scalar_outputs = True`` it compiles (not as one graph:
-  ``fullgraph=True`` stops at the torch.func check below, which TorchDynamo's tracing
-  trips, and at `_probe`'s ``fork_rng``); docs/long-inner-loops.md has the numbers.
+  ``torch._dynamo.config.capture_scalar_outputs = True`` it compiles, as one graph
+  (``fullgraph=True`` works): there the probing step is traced, not run (`_traced_probe`);
+  docs/long-inner-loops.md has the numbers.
 """
 
 from __future__ import annotations
@@ -54,7 +54,9 @@ class _FirstOrderOnly(torch.autograd.Function):
                 "cannot go through torch's scan, whose double backward is wrong in torch 2.13. Use fo.inner_loop "
                 "for higher-order derivatives (its second-order meta-gradient needs no double backward)"
             )
-        return grads
+        # (standard strides: under one compiled graph, torch's scan backward refuses a gradient
+        # whose strides differ from its body's, even in a dimension of size 1)
+        return tuple(g.clone(memory_format=torch.contiguous_format) for g in grads)
 
 
 def _distinct(xs: list[Tensor]) -> list[Tensor]:
@@ -106,9 +108,9 @@ def scan_inner_loop(
     ``batches[k] = tuple(x[k] for x in xs)``, differentiable by ``.backward()`` and
     ``torch.autograd.grad`` (second-order meta-gradients included). Under
     ``torch.compile`` the step is traced once, whatever K, but torch 2.13's inductor
-    needs ``torch._dynamo.config.capture_scalar_outputs = True`` for it and
-    ``fullgraph=True`` fails (see the module's notes); eagerly, torch's scan traces the
-    step at every call, which takes seconds.
+    needs ``torch._dynamo.config.capture_scalar_outputs = True`` for it (see the
+    module's notes); eagerly, torch's scan traces the step at every call, which takes
+    seconds.
 
     Args:
         loss_fn: ``loss_fn(params, *batch) -> scalar``.
@@ -181,7 +183,7 @@ def _scan(
 ) -> tuple[list[Tensor], Tensor]:
     """`step` scanned over the batches `stacked` from `leaves`: the final leaves and the
     K losses, guarded against a double backward (`_FirstOrderOnly`)."""
-    constant = _probe(step, leaves, stacked)
+    constant = (_traced_probe if torch.compiler.is_compiling() else _probe)(step, leaves, stacked)
     guarded = list(_FirstOrderOnly.apply(*_distinct(leaves), *_distinct(optree.tree_leaves(stacked))))
     leaves, stacked = (
         guarded[: len(leaves)],
@@ -208,6 +210,17 @@ def _scan(
         final[i] = c.to(leaves[i].dtype)
     *final, losses = _FirstOrderOnly.apply(*final, losses)
     return final, losses
+
+
+def _traced_probe(step: Callable[..., Any], leaves: list[Tensor], xs: Any) -> set[int]:
+    """`_probe` while TorchDynamo traces: the step is traced, not run, and its outputs,
+    read only for their identity, are dead code that the compiler drops, so no eager
+    step runs at each call (it cost more than the compiled loop at K=5). Nothing
+    requires a foreign-leaf check here: TorchDynamo passes a tensor the steps read from
+    a closure to the scan as an input, which gets its gradient, and a compiled backward
+    refuses ``create_graph=True``."""
+    out, _ = step(leaves, optree.tree_map(lambda x: x[0], xs))
+    return {i for i, (a, b) in enumerate(zip(leaves, out)) if a is b}
 
 
 def _probe(step: Callable[..., Any], leaves: list[Tensor], xs: Any) -> set[int]:
