@@ -1,6 +1,6 @@
 """Lion (funcopt/_src/algorithms/lion.py), an algorithm with no torch.optim twin, built with
 the public way to write one: `fo.lion` against optax's, `fo.Lion` against the authors'
-PyTorch code (written out below), and every face of it against the others."""
+PyTorch code and timm's step (written out below), and every face of it against the others."""
 
 from __future__ import annotations
 
@@ -16,7 +16,19 @@ import funcopt as fo
 
 
 def reference_step(params, grads, exp_avgs, lr, betas, weight_decay):
-    """One step of the authors' PyTorch code (lucidrains/lion-pytorch, ``update_fn``)."""
+    """One step of timm's Lion (timm/optim/lion.py, ``_single_tensor_lion``), the class's
+    reference: its interpolations are ``lerp``s."""
+    beta1, beta2 = betas
+    for p, g, exp_avg in zip(params, grads, exp_avgs):
+        p.mul_(1 - lr * weight_decay)
+        update = exp_avg.lerp(g, 1 - beta1).sign_()
+        p.add_(update, alpha=-lr)
+        exp_avg.lerp_(g, 1 - beta2)
+
+
+def lucidrains_step(params, grads, exp_avgs, lr, betas, weight_decay):
+    """One step of lucidrains/lion-pytorch's ``update_fn`` (as the paper's code): the
+    same algorithm, its interpolations rounded as a product and a sum."""
     beta1, beta2 = betas
     for p, g, exp_avg in zip(params, grads, exp_avgs):
         p.mul_(1 - lr * weight_decay)
@@ -36,7 +48,7 @@ def problem(dtype=torch.float64, n=3, seed=0):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("kwargs", [{}, {"weight_decay": 0.1}, {"betas": (0.8, 0.95), "weight_decay": 0.01}])
 @pytest.mark.parametrize("flag", [{}, {"foreach": True}, {"foreach": False}])
-def test_class_is_the_authors_code_bit_for_bit(dtype, kwargs, flag):
+def test_class_is_timms_step_bit_for_bit(dtype, kwargs, flag):
     params, grads = problem(dtype)
     ours = [torch.nn.Parameter(p.clone()) for p in params]
     theirs = [p.clone() for p in params]
@@ -52,6 +64,23 @@ def test_class_is_the_authors_code_bit_for_bit(dtype, kwargs, flag):
     for p, q, m in zip(ours, theirs, exp_avgs):
         torch.testing.assert_close(p.detach(), q, rtol=0, atol=0)
         torch.testing.assert_close(opt.state[p]["exp_avg"], m, rtol=0, atol=0)
+
+
+def test_class_is_lucidrains_code_to_round_off():
+    """The paper's rounding (a product and a sum where timm lerps): float64 round-off."""
+    params, grads = problem(torch.float64)
+    ours = [torch.nn.Parameter(p.clone()) for p in params]
+    theirs = [p.clone() for p in params]
+    opt = fo.Lion(ours, lr=0.01, weight_decay=0.1)
+    exp_avgs = [torch.zeros_like(p) for p in theirs]
+    for gs in grads:
+        for p, g in zip(ours, gs):
+            p.grad = g.clone()
+        opt.step()
+        lucidrains_step(theirs, gs, exp_avgs, 0.01, (0.9, 0.99), 0.1)
+    for p, q, m in zip(ours, theirs, exp_avgs):
+        torch.testing.assert_close(p.detach(), q, rtol=1e-13, atol=1e-15)
+        torch.testing.assert_close(opt.state[p]["exp_avg"], m, rtol=1e-13, atol=1e-15)
 
 
 def test_maximize_and_fused_agree_with_the_default_step():

@@ -1,5 +1,5 @@
 """Lion: the sign of an interpolated momentum (Chen et al., 2023, "Symbolic Discovery of
-Optimization Algorithms"), as optax's ``lion`` and the authors' PyTorch code compute it.
+Optimization Algorithms"), as optax's ``lion`` and timm's ``Lion`` compute it.
 
 .. math::
    \\theta_t = \\theta_{t-1} (1 - \\gamma \\lambda)
@@ -57,10 +57,11 @@ def _math(
         g = o.neg(g)
     if nonzero(weight_decay):
         out = o.decay_(out, p, decay)
-    # the authors' operations, in their order: the class is bit for bit their code's
-    update = o.sign_(o.add_(o.mul(exp_avg, beta1), g, alpha=1 - beta1))  # in one new tensor
+    # timm's operations, in its order (the class is bit for bit timm's Lion): each
+    # interpolation in one pass, the update in one new tensor
+    update = o.sign_(o.lerp(exp_avg, g, 1 - beta1))
     out = o.add_(out, update, alpha=neg_lr)
-    exp_avg = o.add_(o.mul_(exp_avg, beta2), g, alpha=1 - beta2)
+    exp_avg = o.lerp_(exp_avg, g, 1 - beta2)
     return out, (exp_avg,)
 
 
