@@ -1,0 +1,125 @@
+"""``fused=True`` as one compiled graph per group: horizontally fused.
+
+fused.py compiles each param's step as one kernel and calls it param by param. Here a
+param group's params of one dtype and device step in ONE compiled call: the algorithm's
+``elementwise`` math runs with `OnParamLists` (fused.py's `OnParam` ops, on each tensor
+of the lists), on the lists of params, gradients and buffers, and its results are copied
+back into them. torch.compile traces it into one graph, which inductor turns into a few
+kernels: on the CPU, one loop per shape; on a GPU, combo kernels (``combo_kernels``)
+that step many tensors per launch.
+
+As in fused.py, the float hyperparameters and the schedule's coefficients reach the
+graph in one float64 tensor (an input, not a constant): a scheduler's new lr or betas,
+or the growing step count, never recompiles. The graph is specialised to its lists
+(their length, each tensor's shape and strides; ``dynamic=False``): a group whose set of
+params changes compiles another graph, kept beside the first (each graph a code object
+of its own, so dynamo's recompile limit is never reached).
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..engine import inplace
+from ..engine.algorithm import Algorithm
+from ..engine.bounds import Hyperparams
+from ..engine.ops import Ops, TensorList
+from . import fused
+from .fused import OnParam
+
+
+def _on_each(op: Callable[..., Any]) -> Any:
+    """`op` (an `OnParam` op) on lists: list arguments are taken tensor by tensor, the
+    others (coefficients, Nones) passed to every call. Returns a `TensorList`."""
+
+    def apply(*args: Any, **kwargs: Any) -> TensorList:
+        n = next(len(a) for a in args if isinstance(a, list))
+        return TensorList(op(*(a[i] if isinstance(a, list) else a for a in args), **kwargs) for i in range(n))
+
+    return staticmethod(apply)
+
+
+OnParamLists = type(
+    "OnParamLists",
+    (),
+    {
+        "__doc__": "`OnParam` on lists of tensors: each op applied to each tensor, in one traced graph.",
+        **{name: _on_each(getattr(OnParam, name)) for name in vars(Ops) if not name.startswith("_")},
+    },
+)
+
+
+LISTS_ON_CPU = True
+"""Whether CPU params step in the list graph too; else as fused.py steps them (a kernel
+per param, tiny ones in the in-place step's chunks). Off the CPU they always do."""
+
+_OPTIONS: dict[str, Any] = {"size_asserts": False, "alignment_asserts": False, "scalar_asserts": False}
+"""Inductor's options for the graphs: without its wrapper's checks of each input's size,
+stride and alignment (dynamo's guards have checked them; with 300 params, 900 checks
+took a third of a step)."""
+
+_GRAPHS: dict[Any, Callable[..., None]] = {}
+"""Compiled group steps by their structure (see `step_dense`)."""
+
+
+def step_dense(algorithm: Algorithm, coefficients: Any, hyperparams: Hyperparams, ps: Sequence[Tensor],
+               gs: Sequence[Tensor], buffers: Sequence[Sequence[Any]]) -> None:  # fmt: skip
+    """`inplace.step_dense` for a fused group (params sharing their schedule, dtype and
+    the buffers present): the params on each device in one compiled call; where a
+    gradient's dtype is not its param's, all by ``fused.step_dense``. Raises (before
+    anything changes) where a buffer's dtype is not its param's: the model was
+    converted after the state was made."""
+    dtype = ps[0].dtype
+    present = [column for column in buffers if column[0] is not None]
+    if any([b.dtype != dtype for column in present for b in column]):  # the adapter names the cause
+        raise RuntimeError("a state's dtype differs from its param's")
+    if any([g.dtype != dtype for g in gs]):
+        fused.step_dense(algorithm, coefficients, hyperparams, ps, gs, buffers)
+        return
+    static, names, values = fused._split(hyperparams)
+    numbers = [float(c) for c in coefficients] + values
+    choices = tuple(isinstance(c, bool) for c in coefficients)
+    absent = tuple(column[0] is None for column in buffers)
+    common = (algorithm, static, names, choices, absent, dtype, torch.get_num_threads())
+    for columns in inplace._by_device([list(ps), list(gs), *map(list, buffers)]):
+        device = columns[0][0].device
+        if device.type == "cpu" and not LISTS_ON_CPU:
+            fused.step_dense(algorithm, coefficients, hyperparams, columns[0], columns[1], columns[2:])
+            continue
+        structure = (*common, device, tuple([p.shape for p in columns[0]]))
+        graph = _GRAPHS.get(structure)
+        if graph is None:
+            graph = _GRAPHS[structure] = _graph(algorithm, static, names, choices, absent)
+        scalars = torch.tensor(numbers, dtype=torch.float64, device=device)
+        with torch.no_grad():
+            graph(columns[0], columns[1], *(c for c in columns[2:] if c[0] is not None), scalars)
+
+
+def _graph(algorithm: Algorithm, static: tuple[tuple[str, Any], ...], names: tuple[Any, ...],
+           choices: tuple[bool, ...], absent: tuple[bool, ...]) -> Callable[..., None]:  # fmt: skip
+    """A compiled group step: the math of `algorithm` on lists ``(ps, gs, *buffers)``
+    and a float64 tensor of scalars (as fused.py's kernel takes them), its results
+    copied into the lists' tensors."""
+
+    def step(ps: list[Tensor], gs: list[Tensor], *lists: Any) -> None:
+        *present, scalars = lists
+        it = iter(present)
+        buffers = [None if a else TensorList(next(it)) for a in absent]
+        coefficients, hyperparams = fused._arguments(static, names, choices, scalars)
+        p = TensorList(ps)
+        out, new = algorithm.elementwise(
+            OnParamLists, p, p, TensorList(gs), *buffers, coefficients, **hyperparams
+        )
+        torch._foreach_copy_(ps, list(out))
+        for old, value in zip(buffers, new):
+            if old is not None:
+                torch._foreach_copy_(list(old), list(value))
+
+    code = step.__code__.replace(co_name=f"fused_lists_{algorithm.name}_{len(_GRAPHS)}")
+    fn = types.FunctionType(code, step.__globals__, code.co_name, step.__defaults__, step.__closure__)
+    return torch.compile(fn, dynamic=False, fullgraph=True, options=_OPTIONS)
