@@ -22,10 +22,13 @@ runs eagerly, in Python doubles, as the in-place step's does.
 Params this step does not compile take the class's in-place step, with the same fused
 semantics (float32 counters on the param's device, a GradScaler's scale and inf flag):
 params of up to `inplace.TINY` (4096) elements, which it steps several at a time (a
-compiled kernel's call costs 20-50 us, which would dominate their step), params off
-the CPU, params whose state the step creates (SGD's momentum_buffer at its
+compiled kernel's call costs 20-50 us, which would dominate their step), params whose
+state the step creates (SGD's momentum_buffer at its
 first step), params whose tensors are not dense alike, and algorithms whose math is not
 per element (Adafactor's and Muon's per-tensor norms and matrix products).
+
+Params off the CPU step in one compiled graph per group and device instead
+(fused_lists.py), horizontally fused; on the CPU too where `fused_lists.LISTS_ON_CPU`.
 
 The generated code is cached by inductor on disk (its FX graph cache): a second process
 compiles its kernels from that cache, in about a second each.

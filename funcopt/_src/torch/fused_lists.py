@@ -1,19 +1,28 @@
-"""``fused=True`` as one compiled graph per group: horizontally fused.
+"""``fused=True`` as one compiled graph per group and device: horizontally fused.
 
 fused.py compiles each param's step as one kernel and calls it param by param. Here a
 param group's params of one dtype and device step in ONE compiled call: the algorithm's
 ``elementwise`` math runs with `OnParamLists` (fused.py's `OnParam` ops, on each tensor
 of the lists), on the lists of params, gradients and buffers, and its results are copied
 back into them. torch.compile traces it into one graph, which inductor turns into a few
-kernels: on the CPU, one loop per shape; on a GPU, combo kernels (``combo_kernels``)
-that step many tensors per launch.
+kernels: on the CPU, one loop for all the tensors of a shape; on a GPU, combo kernels
+(inductor's ``combo_kernels``) that step many tensors per launch.
 
 As in fused.py, the float hyperparameters and the schedule's coefficients reach the
 graph in one float64 tensor (an input, not a constant): a scheduler's new lr or betas,
 or the growing step count, never recompiles. The graph is specialised to its lists
-(their length, each tensor's shape and strides; ``dynamic=False``): a group whose set of
-params changes compiles another graph, kept beside the first (each graph a code object
-of its own, so dynamo's recompile limit is never reached).
+(their length and each tensor's shape; ``dynamic=False``): a group whose set of params
+changes compiles another graph, kept beside the first (each graph a code object of its
+own, so dynamo's recompile limit is never reached).
+
+Where it runs (`LISTS_ON_CPU`): off the CPU, where the step is bound by kernel launches
+and fused=True otherwise ran the in-place foreach step. On the CPU, fused.py's kernels
+stay the default: measured on 1 thread (benchmarks/fused_step.py --routes, 2 loaded
+cores), the list graph was no faster than a kernel per param on 10 params of 2.4M
+elements (RMSprop 1.07x, NAdam 0.78x its time), and slower than the in-place step's
+chunks on 300 params of 3 elements (1.2x, 1.8x), where the adapter's per-param Python
+around the step costs more than the graph; and its compilation grows with the number of
+params (300: over a minute, against none for the chunks).
 """
 
 from __future__ import annotations
@@ -54,14 +63,15 @@ OnParamLists = type(
 )
 
 
-LISTS_ON_CPU = True
+LISTS_ON_CPU = False
 """Whether CPU params step in the list graph too; else as fused.py steps them (a kernel
 per param, tiny ones in the in-place step's chunks). Off the CPU they always do."""
 
 _OPTIONS: dict[str, Any] = {"size_asserts": False, "alignment_asserts": False, "scalar_asserts": False}
 """Inductor's options for the graphs: without its wrapper's checks of each input's size,
 stride and alignment (dynamo's guards have checked them; with 300 params, 900 checks
-took a third of a step)."""
+took a third of a step). Off the CPU, also ``combo_kernels``: independent kernels (one
+per shape) horizontally fused into few launches."""
 
 _GRAPHS: dict[Any, Callable[..., None]] = {}
 """Compiled group steps by their structure (see `step_dense`)."""
@@ -94,14 +104,16 @@ def step_dense(algorithm: Algorithm, coefficients: Any, hyperparams: Hyperparams
         structure = (*common, device, tuple([p.shape for p in columns[0]]))
         graph = _GRAPHS.get(structure)
         if graph is None:
-            graph = _GRAPHS[structure] = _graph(algorithm, static, names, choices, absent)
+            graph = _GRAPHS[structure] = _graph(
+                algorithm, static, names, choices, absent, device.type != "cpu"
+            )
         scalars = torch.tensor(numbers, dtype=torch.float64, device=device)
         with torch.no_grad():
             graph(columns[0], columns[1], *(c for c in columns[2:] if c[0] is not None), scalars)
 
 
 def _graph(algorithm: Algorithm, static: tuple[tuple[str, Any], ...], names: tuple[Any, ...],
-           choices: tuple[bool, ...], absent: tuple[bool, ...]) -> Callable[..., None]:  # fmt: skip
+           choices: tuple[bool, ...], absent: tuple[bool, ...], combo: bool) -> Callable[..., None]:  # fmt: skip
     """A compiled group step: the math of `algorithm` on lists ``(ps, gs, *buffers)``
     and a float64 tensor of scalars (as fused.py's kernel takes them), its results
     copied into the lists' tensors."""
@@ -122,4 +134,5 @@ def _graph(algorithm: Algorithm, static: tuple[tuple[str, Any], ...], names: tup
 
     code = step.__code__.replace(co_name=f"fused_lists_{algorithm.name}_{len(_GRAPHS)}")
     fn = types.FunctionType(code, step.__globals__, code.co_name, step.__defaults__, step.__closure__)
-    return torch.compile(fn, dynamic=False, fullgraph=True, options=_OPTIONS)
+    options = {**_OPTIONS, "combo_kernels": True} if combo else _OPTIONS
+    return torch.compile(fn, dynamic=False, fullgraph=True, options=options)
