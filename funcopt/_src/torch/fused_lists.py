@@ -80,15 +80,20 @@ _GRAPHS: dict[Any, Callable[..., None]] = {}
 def step_dense(algorithm: Algorithm, coefficients: Any, hyperparams: Hyperparams, ps: Sequence[Tensor],
                gs: Sequence[Tensor], buffers: Sequence[Sequence[Any]]) -> None:  # fmt: skip
     """`inplace.step_dense` for a fused group (params sharing their schedule, dtype and
-    the buffers present): the params on each device in one compiled call; where a
-    gradient's dtype is not its param's, all by ``fused.step_dense``. Raises (before
-    anything changes) where a buffer's dtype is not its param's: the model was
-    converted after the state was made."""
+    the buffers present): the params on each device in one compiled call; by
+    ``fused.step_dense`` where the group starts on the CPU and `LISTS_ON_CPU` is off, or
+    where a gradient's dtype is not its param's. Raises (before anything changes) where
+    a buffer's dtype is not its param's: the model was converted after the state was
+    made."""
+    if ps[0].is_cpu and not LISTS_ON_CPU:  # (fused.py steps any param of it off the CPU in place)
+        fused.step_dense(algorithm, coefficients, hyperparams, ps, gs, buffers)
+        return
     dtype = ps[0].dtype
     present = [column for column in buffers if column[0] is not None]
     if any([b.dtype != dtype for column in present for b in column]):  # the adapter names the cause
         raise RuntimeError("a state's dtype differs from its param's")
-    if any([g.dtype != dtype for g in gs]):
+    # (without buffers, `_by_device` keeps a group across devices together: a graph takes one)
+    if any([g.dtype != dtype for g in gs]) or (not present and len({p.device for p in ps}) > 1):
         fused.step_dense(algorithm, coefficients, hyperparams, ps, gs, buffers)
         return
     static, names, values = fused._split(hyperparams)
