@@ -205,3 +205,23 @@ def test_state_dict_round_trip():
     into = fo.RMSprop(make_params(), fused=True)
     into.load_state_dict(plain.state_dict())
     assert_same(counters_float64(into.state_dict()), counters_float64(plain.state_dict()))
+
+
+def test_a_model_converted_after_its_state_was_made_fails_as_per_param(monkeypatch):
+    """Params converted to float64 after their float32 state was made: the graph's step
+    raises what fused.py's per-param step raises (naming the cause), before any param
+    changes. (The unfused class steps on, as torch's does, its in-place ops casting.)"""
+    outcomes = []
+    for lists in (True, False):
+        monkeypatch.setattr(fused_lists, "LISTS_ON_CPU", lists)
+        params = make_params()
+        opt = fo.RMSprop(params, **kwargs_of(HYPER["RMSprop"]), fused=True)
+        train(opt, params, steps=1)
+        for p in params:
+            p.data = p.data.double()
+        before = [p.detach().clone() for p in params]
+        with pytest.raises(RuntimeError, match="the model was converted") as error:
+            train(opt, params, steps=1)
+        assert_same([p.detach() for p in params], before)
+        outcomes.append(str(error.value))
+    assert outcomes[0] == outcomes[1]

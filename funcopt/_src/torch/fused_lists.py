@@ -27,6 +27,7 @@ params (300: over a minute, against none for the chunks).
 
 from __future__ import annotations
 
+import operator
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,6 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..core.base import DTYPE
 from ..engine import inplace
 from ..engine.algorithm import Algorithm
 from ..engine.bounds import Hyperparams
@@ -73,6 +75,9 @@ stride and alignment (dynamo's guards have checked them; with 300 params, 900 ch
 took a third of a step). Off the CPU, also ``combo_kernels``: independent kernels (one
 per shape) horizontally fused into few launches."""
 
+_DEVICE = operator.attrgetter("device")
+_SHAPE = operator.attrgetter("shape")
+
 _GRAPHS: dict[Any, Callable[..., None]] = {}
 """Compiled group steps by their structure (see `step_dense`)."""
 
@@ -90,10 +95,12 @@ def step_dense(algorithm: Algorithm, coefficients: Any, hyperparams: Hyperparams
         return
     dtype = ps[0].dtype
     present = [column for column in buffers if column[0] is not None]
-    if any([b.dtype != dtype for column in present for b in column]):  # the adapter names the cause
+    # list-wise reads (map over an attrgetter): hundreds of tiny params
+    if {d for column in present for d in map(DTYPE, column)} - {dtype}:  # the adapter names the cause
         raise RuntimeError("a state's dtype differs from its param's")
-    # (without buffers, `_by_device` keeps a group across devices together: a graph takes one)
-    if any([g.dtype != dtype for g in gs]) or (not present and len({p.device for p in ps}) > 1):
+    devices = set(map(_DEVICE, ps))
+    if set(map(DTYPE, gs)) != {dtype} or (not present and len(devices) > 1):
+        # (without buffers a group's params are not split by device, see `_by_device`)
         fused.step_dense(algorithm, coefficients, hyperparams, ps, gs, buffers)
         return
     static, names, values = fused._split(hyperparams)
@@ -101,12 +108,13 @@ def step_dense(algorithm: Algorithm, coefficients: Any, hyperparams: Hyperparams
     choices = tuple(isinstance(c, bool) for c in coefficients)
     absent = tuple(column[0] is None for column in buffers)
     common = (algorithm, static, names, choices, absent, dtype, torch.get_num_threads())
-    for columns in inplace._by_device([list(ps), list(gs), *map(list, buffers)]):
+    group = [list(ps), list(gs), *map(list, buffers)]
+    for columns in [group] if len(devices) == 1 else inplace._by_device(group):
         device = columns[0][0].device
         if device.type == "cpu" and not LISTS_ON_CPU:
             fused.step_dense(algorithm, coefficients, hyperparams, columns[0], columns[1], columns[2:])
             continue
-        structure = (*common, device, tuple([p.shape for p in columns[0]]))
+        structure = (*common, device, tuple(map(_SHAPE, columns[0])))
         graph = _GRAPHS.get(structure)
         if graph is None:
             graph = _GRAPHS[structure] = _graph(
