@@ -17,12 +17,13 @@ own, so dynamo's recompile limit is never reached).
 
 Where it runs (`LISTS_ON_CPU`): off the CPU, where the step is bound by kernel launches
 and fused=True otherwise ran the in-place foreach step. On the CPU, fused.py's kernels
-stay the default: measured on 1 thread (benchmarks/fused_step.py --routes, 2 loaded
-cores), the list graph was no faster than a kernel per param on 10 params of 2.4M
-elements (RMSprop 1.07x, NAdam 0.78x its time), and slower than the in-place step's
-chunks on 300 params of 3 elements (1.2x, 1.8x), where the adapter's per-param Python
-around the step costs more than the graph; and its compilation grows with the number of
-params (300: over a minute, against none for the chunks).
+stay the default: measured with 1 thread (benchmarks/fused_step.py --routes, 2 loaded
+cores), the list graph was about as fast as a kernel per param on 10 params of 2.4M
+elements (0.73x to 1.30x its time over RMSprop, Adamax, NAdam, RAdam, Adadelta, ASGD
+and Rprop), no faster than the in-place step's chunks on 300 params of 3 elements
+(RMSprop 0.89x to 1.2x over runs), where the adapter's per-param Python around the step
+costs more than the graph, and its compilation grows with the number of params (300:
+about 80 s with an empty inductor cache, 15-25 s with a warm one).
 """
 
 from __future__ import annotations
