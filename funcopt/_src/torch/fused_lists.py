@@ -21,9 +21,11 @@ stay the default: measured with 1 thread (benchmarks/fused_step.py --routes, 2 l
 cores), the list graph was about as fast as a kernel per param on 10 params of 2.4M
 elements (0.73x to 1.30x its time over RMSprop, Adamax, NAdam, RAdam, Adadelta, ASGD
 and Rprop), no faster than the in-place step's chunks on 300 params of 3 elements
-(RMSprop 0.89x to 1.2x over runs), where the adapter's per-param Python around the step
-costs more than the graph, and its compilation grows with the number of params (300:
-about 80 s with an empty inductor cache, 15-25 s with a warm one).
+(0.89x to 1.34x their time: RMSprop, Adamax, ASGD, Adadelta, Rprop), where the
+adapter's per-param Python around the step costs more than the graph, and its
+compilation grows with the number of params (300: 80 to 450 s with an empty inductor
+cache on the loaded machine, as long as torch.compile of torch's own step; 15-25 s with
+a warm cache).
 """
 
 from __future__ import annotations
