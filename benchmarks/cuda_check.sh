@@ -10,7 +10,8 @@
 # part has a time limit (about 8.5 minutes in all); a part that fails or runs out of time
 # is reported in $OUT/summary.txt, and the others still run. The exit status is the
 # tests' (2: no CUDA torch, 3: the tests could not run). ALL=1 also runs the rest of
-# tests/test_cuda.py (about 10 minutes more).
+# tests/test_cuda.py (about 10 minutes more), then tests/test_fused_horizontal.py's
+# cases on the device (fused=True's list graph, compiled for it).
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-./cuda_out}"
@@ -75,5 +76,9 @@ if [ "${ALL:-0}" = 1 ]; then  # the rest of the CUDA suite: longer than this scr
         -k "not (torch_kernels or whole_step_in_a_cuda_graph or reduce_overhead or capturable_step_replays)" \
         >"$OUT/test_cuda_rest.txt" 2>&1
     log "rest: exit $?; $(tail -1 "$OUT/test_cuda_rest.txt")"
+    log "tests/test_fused_horizontal.py on $DEVICE: the list graph (limit 150 s)"
+    timeout 150 "$PY" -m pytest tests/test_fused_horizontal.py -v -p no:cacheprovider -k "$DEVICE" \
+        >"$OUT/test_fused_horizontal.txt" 2>&1
+    log "fused_horizontal: exit $?; $(tail -1 "$OUT/test_fused_horizontal.txt")"
 fi
 exit $tests

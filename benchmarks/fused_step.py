@@ -33,10 +33,18 @@ With ``--device cuda`` it times the same contenders on a GPU (where funcopt's
 ``fused=True`` runs torch's CUDA kernels for those four, and the adapter's foreach step
 for the others), and with ``--compiled`` also ``torch.compile`` of funcopt's own step.
 
+With ``--routes`` it also times the two ways funcopt's ``fused=True`` can step CPU
+params, each forced: one compiled graph per group and dtype over the lists of params,
+gradients and buffers (funcopt/_src/torch/fused_lists.py, "lists"), and a kernel per
+param with tiny params in the in-place step's chunks (fused.py, "per param"). With
+``--sets big,tiny`` it times other parameter sets than step_time.py's: ``big``, 10
+params of 2.4M elements (24M), and ``tiny``, 300 params of 3 elements.
+
 With ``--write-table PATH`` it writes the tables as Markdown, with a line naming the run.
 
     python benchmarks/fused_step.py [--rounds 10] [--algorithms Adam,NAdam] [--compiled]
-        [--first-step] [--threads 1] [--device cuda] [--write-table docs/_generated/fused_step.md]
+        [--first-step] [--threads 1] [--device cuda] [--routes] [--sets benchmark,big,tiny]
+        [--write-table docs/_generated/fused_step.md]
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ import types
 import torch
 
 import funcopt as fo
+from funcopt._src.torch import fused_lists
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from step_time import (  # noqa: E402
@@ -138,11 +147,43 @@ def compiled_step(cls: type, name: str, shapes, device: str) -> callable:
     return step
 
 
-def timed(name: str, shapes, device: str, rounds: int, compiled: bool) -> dict[str, float]:
+SETS = {
+    "big": lambda: [(2400, 1000)] * 10,
+    "tiny": lambda: [(3,)] * 300,
+}
+
+
+def routed(name: str, shapes, device: str, lists: bool) -> callable:
+    """funcopt's fused step of `name`, its CPU params forced to the list graph or to
+    the per-param kernels (`fused_lists.LISTS_ON_CPU`), compiled here (its first step)."""
+    opt = getattr(fo, name)(make_trainable(shapes, device), fused=True)
+
+    def step() -> None:
+        default, fused_lists.LISTS_ON_CPU = fused_lists.LISTS_ON_CPU, lists
+        try:
+            opt.step()
+        finally:
+            fused_lists.LISTS_ON_CPU = default
+
+    t0 = time.perf_counter()
+    step()
+    print(f"  (fused {name}, {'lists' if lists else 'per param'}: first step {time.perf_counter() - t0:.1f} s)",
+          flush=True)  # fmt: skip
+    return step
+
+
+def timed(
+    name: str, shapes, device: str, rounds: int, compiled: bool, routes: bool = False
+) -> dict[str, float]:
     """Median step times of the contenders, interleaved round by round."""
     fused = getattr(fo, name)(make_trainable(shapes, device), fused=True)
+    t0 = time.perf_counter()
     fused.step()  # compiles its kernels, and creates every buffer
+    print(f"  (fused {name}: first step {time.perf_counter() - t0:.1f} s)", flush=True)
     steps = {"fused": fused.step, "floor": floor_step(fused), **torch_steps(name, shapes, device)}
+    if routes and name not in TORCH_FUSED:
+        steps["lists"] = routed(name, shapes, device, lists=True)
+        steps["per param"] = routed(name, shapes, device, lists=False)
     steps["floor"]()  # compiles the floor's kernels
     if compiled:
         steps["torch compiled"] = compiled_step(getattr(torch.optim, name), name, shapes, device)
@@ -179,6 +220,57 @@ def first_steps(name: str) -> tuple[float, float]:
     return times[0], times[1]
 
 
+def row_of(name: str, t: dict[str, float], args: argparse.Namespace) -> list[str]:
+    """A table's row: the times and ratios of `name`'s contenders `t`."""
+    eager = min((k for k in t if k.startswith("torch") and k != "torch compiled"), key=t.get)
+    ms = lambda seconds: f"{seconds * 1e3:.2f}"  # noqa: E731
+    ratio = lambda a, b: f"**{t[a] / t[b]:.2f}x**" if a in t and b in t else "-"  # noqa: E731
+    row = [
+        name, ms(t["fused"]), ms(t["floor"]), ratio("fused", "floor"),
+        f"{ms(t[eager])} ({eager})", ratio("fused", eager),
+    ]  # fmt: skip
+    row += [ratio("fused", "torch foreach"), ratio("fused", "torch fused")]  # torch's kernels: SGD, Adam, ...
+    if args.compiled:
+        row += [ms(t["torch compiled"]), ratio("fused", "torch compiled")]
+    if "funcopt compiled" in t:
+        row += [ms(t["funcopt compiled"]), ratio("funcopt compiled", "torch compiled")]
+    if args.routes:
+        row += [ms(t["lists"]) if "lists" in t else "-", ms(t["per param"]) if "per param" in t else "-"]
+        row += [ratio("lists", "per param"), ratio("lists", "torch foreach")]
+        row += [ratio("lists", "torch compiled")] if args.compiled else []
+    return row
+
+
+def header_of(args: argparse.Namespace) -> list[str]:
+    header = ["algorithm", "fused ms", "floor ms", "fused / floor", "torch's fastest eager ms", "fused / it",
+              "fused / torch foreach", "fused / torch fused"]  # fmt: skip
+    if args.compiled:
+        header += ["torch.compile'd torch step ms", "fused / it"]
+    if args.compiled and args.device != "cpu":
+        header += ["torch.compile'd funcopt step ms", "it / torch's"]
+    if args.routes:
+        header += ["lists ms", "per param ms", "lists / per param", "lists / torch foreach"]
+        header += ["lists / torch.compile'd"] if args.compiled else []
+    return header
+
+
+def describe(set_name: str, shapes) -> str:
+    numel = sum(torch.Size(s).numel() for s in shapes)
+    return f"{set_name}: {len(shapes)} float32 tensors, {numel / 1e6:.1f}M elements"
+
+
+def first_step_table(algorithms: list[str]) -> str:
+    rows = []
+    for name in algorithms:
+        cold, warm = first_steps(name)
+        rows.append([name, f"{cold:.1f}", f"**{warm:.1f}**"])
+        print(f"{name}: first step {cold:.1f} s cold, {warm:.1f} s with a warm inductor cache", flush=True)
+    print("target: first step with a warm cache < 5 s")
+    return "First fused step (compiling), each in a new process:\n\n" + markdown_table(
+        ["algorithm", "empty cache s", "warm cache s"], rows
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
@@ -187,13 +279,14 @@ def main() -> None:
     parser.add_argument("--first-step", action="store_true", help="time the first step, cold and warm cache")
     parser.add_argument("--threads", help="the thread counts to time, say 1 (default: torch's, then 1)")
     parser.add_argument("--device", default="cpu", help="cuda: a GPU, where fused=True steps as foreach does")
+    parser.add_argument(
+        "--routes", action="store_true", help="also time the list graph and per-param kernels"
+    )
+    parser.add_argument("--sets", default="benchmark", help="parameter sets: benchmark, big, tiny")
     parser.add_argument("--write-table", metavar="PATH", help="also write the tables as Markdown to PATH")
     args = parser.parse_args()
-    shapes = benchmark_shapes()
-    numel = sum(torch.Size(s).numel() for s in shapes)
-    print(
-        f"torch {torch.__version__}; {len(shapes)} float32 tensors, {numel / 1e6:.1f}M elements; {args.device}"
-    )
+    sets = {name: SETS.get(name, benchmark_shapes)() for name in args.sets.split(",")}
+    print(f"torch {torch.__version__}; {args.device}")
     algorithms = args.algorithms.split(",")
     threads = torch.get_num_threads()
     tables = []
@@ -202,58 +295,23 @@ def main() -> None:
         counts = [threads]  # the host's threads barely matter to a GPU's step
     for threads_now in counts:
         torch.set_num_threads(threads_now)
-        print(f"\n{threads_now} thread(s)")
-        rows = []
-        for name in algorithms:
-            t = timed(name, shapes, args.device, args.rounds, args.compiled)
-            eager = min((k for k in t if k.startswith("torch") and k != "torch compiled"), key=t.get)
-            ms = lambda seconds: f"{seconds * 1e3:.1f}"  # noqa: E731
-            row = [
-                name, ms(t["fused"]), ms(t["floor"]), f"**{t['fused'] / t['floor']:.2f}x**",
-                f"{ms(t[eager])} ({eager})", f"**{t['fused'] / t[eager]:.2f}x**",
-            ]  # fmt: skip
-            for label in ("torch foreach", "torch fused"):  # torch's kernels for SGD, Adam, AdamW, Adagrad
-                row += [f"**{t['fused'] / t[label]:.2f}x**" if label in t else "-"]
-            if args.compiled:
-                row += [ms(t["torch compiled"]), f"**{t['fused'] / t['torch compiled']:.2f}x**"]
-            if "funcopt compiled" in t:
-                row += [ms(t["funcopt compiled"]), f"**{t['funcopt compiled'] / t['torch compiled']:.2f}x**"]
-            rows.append(row)
-            print("  ".join(cell.replace("**", "") for cell in row), flush=True)
-        header = [
-            "algorithm",
-            "fused ms",
-            "floor ms",
-            "fused / floor",
-            "torch's fastest eager ms",
-            "fused / it",
-            "fused / torch foreach",
-            "fused / torch fused",
-        ]
-        if args.compiled:
-            header += ["torch.compile'd torch step ms", "fused / it"]
-        if args.compiled and args.device != "cpu":
-            header += ["torch.compile'd funcopt step ms", "it / torch's"]
-        tables.append(f"{threads_now} thread(s):\n\n" + markdown_table(header, rows))
+        for set_name, shapes in sets.items():
+            print(f"\n{threads_now} thread(s), {describe(set_name, shapes)}")
+            rows = []
+            for name in algorithms:
+                t = timed(name, shapes, args.device, args.rounds, args.compiled, args.routes)
+                rows.append(row_of(name, t, args))
+                print("  ".join(cell.replace("**", "") for cell in rows[-1]), flush=True)
+            title = f"{threads_now} thread(s), {describe(set_name, shapes)}:\n\n"
+            tables.append(title + markdown_table(header_of(args), rows))
     torch.set_num_threads(threads)
     print("targets: fused / floor <= 1.15x; fused / torch.compile'd torch step <= 1.0x")
     if args.first_step:
-        rows = []
-        for name in algorithms:
-            cold, warm = first_steps(name)
-            rows.append([name, f"{cold:.1f}", f"**{warm:.1f}**"])
-            print(
-                f"{name}: first step {cold:.1f} s cold, {warm:.1f} s with a warm inductor cache", flush=True
-            )
-        print("target: first step with a warm cache < 5 s")
-        tables.append(
-            "First fused step (compiling), each in a new process:\n\n"
-            + markdown_table(["algorithm", "empty cache s", "warm cache s"], rows)
-        )
+        tables.append(first_step_table(algorithms))
     if args.write_table:
         note = (
-            f"{len(shapes)} float32 tensors, {numel / 1e6:.1f}M elements; medians of {args.rounds} interleaved "
-            "rounds. Floor: a compiled kernel per param that reads and writes the step's tensors (see the script)."
+            f"Medians of {args.rounds} interleaved rounds. Floor: a compiled kernel per param that reads and writes "
+            "the step's tensors (see the script)."
         )
         write_table(args.write_table, "\n".join(tables), args.device, note)
 

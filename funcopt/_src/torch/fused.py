@@ -22,10 +22,13 @@ runs eagerly, in Python doubles, as the in-place step's does.
 Params this step does not compile take the class's in-place step, with the same fused
 semantics (float32 counters on the param's device, a GradScaler's scale and inf flag):
 params of up to `inplace.TINY` (4096) elements, which it steps several at a time (a
-compiled kernel's call costs 20-50 us, which would dominate their step), params off
-the CPU, params whose state the step creates (SGD's momentum_buffer at its
+compiled kernel's call costs 20-50 us, which would dominate their step), params whose
+state the step creates (SGD's momentum_buffer at its
 first step), params whose tensors are not dense alike, and algorithms whose math is not
 per element (Adafactor's and Muon's per-tensor norms and matrix products).
+
+Params off the CPU step in one compiled graph per group and device instead
+(fused_lists.py), horizontally fused; on the CPU too where `fused_lists.LISTS_ON_CPU`.
 
 The generated code is cached by inductor on disk (its FX graph cache): a second process
 compiles its kernels from that cache, in about a second each.
@@ -93,8 +96,11 @@ _KERNELS: dict[Any, Callable[..., None]] = {}
 def step(algorithm: Algorithm, hyperparams: Hyperparams, params: list[Tensor], grads: list[Tensor],
          states: list[dict[str, Any]]) -> None:  # fmt: skip
     """A fused group's step: the adapter's in-place step (its checks, counters and
-    schedule), whose dense params `step_dense` steps."""
-    _step_in_place(algorithm, hyperparams, params, grads, states, dense=step_dense)
+    schedule), whose dense params step in one compiled graph per device
+    (`fused_lists.step_dense`)."""
+    from .fused_lists import step_dense as lists  # (fused_lists builds on this module)
+
+    _step_in_place(algorithm, hyperparams, params, grads, states, dense=lists)
 
 
 def step_dense(algorithm: Algorithm, coefficients: Any, hyperparams: Hyperparams, ps: Sequence[Tensor],
@@ -139,21 +145,12 @@ def _kernel(algorithm: Algorithm, static: tuple[tuple[str, Any], ...], names: tu
     scalars)``, its results copied into them. The hyperparameters `static` are fixed in
     it; the scalars are the schedule's coefficients (a `choices` one as a bool), then the
     hyperparameters named by `names` (a key, or (key, index) for a member of a pair)."""
-    n = len(choices)
 
     def step(p: Tensor, g: Tensor, *tensors: Tensor) -> None:
         *present, scalars = tensors
         it = iter(present)
         buffers = [None if a else next(it) for a in absent]
-        coefficients = tuple(scalars[i] != 0 if choice else scalars[i] for i, choice in enumerate(choices))
-        hyperparams = dict(static)
-        for i, name in enumerate(names):
-            if isinstance(name, tuple):
-                pair = list(hyperparams[name[0]])
-                pair[name[1]] = scalars[n + i]
-                hyperparams[name[0]] = tuple(pair)
-            else:
-                hyperparams[name] = scalars[n + i]
+        coefficients, hyperparams = _arguments(static, names, choices, scalars)
         out, new = algorithm.elementwise(OnParam, p, p, g, *buffers, coefficients, **hyperparams)
         p.copy_(out)
         for old, value in zip(buffers, new):
@@ -165,6 +162,23 @@ def _kernel(algorithm: Algorithm, static: tuple[tuple[str, Any], ...], names: tu
     code = step.__code__.replace(co_name=f"fused_{algorithm.name}_{len(_KERNELS)}")
     fn = types.FunctionType(code, step.__globals__, code.co_name, step.__defaults__, step.__closure__)
     return torch.compile(fn, dynamic=True, fullgraph=True)
+
+
+def _arguments(static: tuple[tuple[str, Any], ...], names: tuple[Any, ...], choices: tuple[bool, ...],
+               scalars: Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:  # fmt: skip
+    """The coefficients and hyperparameters of a compiled step, from its tensor of
+    `scalars` (see `_kernel`): 0-d tensors, a `choices` coefficient as a bool tensor."""
+    n = len(choices)
+    coefficients = tuple(scalars[i] != 0 if choice else scalars[i] for i, choice in enumerate(choices))
+    hyperparams = dict(static)
+    for i, name in enumerate(names):
+        if isinstance(name, tuple):
+            pair = list(hyperparams[name[0]])
+            pair[name[1]] = scalars[n + i]
+            hyperparams[name[0]] = tuple(pair)
+        else:
+            hyperparams[name] = scalars[n + i]
+    return coefficients, hyperparams
 
 
 def _split(hyperparams: Hyperparams) -> tuple[tuple[tuple[str, Any], ...], tuple[Any, ...], list[float]]:
