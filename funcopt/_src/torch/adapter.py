@@ -40,7 +40,7 @@ from ..core.base import (
 from ..engine.algorithm import REGISTRY, Algorithm
 from ..engine.bounds import Hyperparams, normalize
 from ..engine.leaves import torch_counter
-from . import chain_inplace, fused
+from . import chain_inplace, fused_lists
 from .factory import (
     IMPLEMENTATION_FLAGS,
     TransformFactory,
@@ -441,7 +441,7 @@ class Optimizer(torch.optim.Optimizer):
             and not torch.compiler.is_compiling()
         ):
             try:  # fused=True: compiled kernels on the CPU (see fused.py)
-                (fused.step if group.get("fused") else _step_in_place)(
+                (fused_lists.step if group.get("fused") else _step_in_place)(
                     algorithm, hyperparams, params, grads, states
                 )
             except RuntimeError as error:  # torch's own error names no tensor and no cause

@@ -47,7 +47,6 @@ from ..engine import inplace
 from ..engine.algorithm import Algorithm
 from ..engine.bounds import Hyperparams
 from ..engine.ops import Coef, Pure, _scale
-from .step import _step_in_place
 
 
 class OnParam(Pure):
@@ -91,16 +90,6 @@ def refuse(name: str, why: str, fused: bool | None) -> None:
 
 _KERNELS: dict[Any, Callable[..., None]] = {}
 """Compiled kernels by their structure (see `_kernel`)."""
-
-
-def step(algorithm: Algorithm, hyperparams: Hyperparams, params: list[Tensor], grads: list[Tensor],
-         states: list[dict[str, Any]]) -> None:  # fmt: skip
-    """A fused group's step: the adapter's in-place step (its checks, counters and
-    schedule), whose dense params step in one compiled graph per device
-    (`fused_lists.step_dense`)."""
-    from .fused_lists import step_dense as lists  # (fused_lists builds on this module)
-
-    _step_in_place(algorithm, hyperparams, params, grads, states, dense=lists)
 
 
 def step_dense(algorithm: Algorithm, coefficients: Any, hyperparams: Hyperparams, ps: Sequence[Tensor],

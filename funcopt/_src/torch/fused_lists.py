@@ -45,6 +45,7 @@ from ..engine.bounds import Hyperparams
 from ..engine.ops import Ops, TensorList
 from . import fused
 from .fused import OnParam
+from .step import _step_in_place
 
 
 def _on_each(op: Callable[..., Any]) -> Any:
@@ -83,6 +84,13 @@ _SHAPE = operator.attrgetter("shape")
 
 _GRAPHS: dict[Any, Callable[..., None]] = {}
 """Compiled group steps by their structure (see `step_dense`)."""
+
+
+def step(algorithm: Algorithm, hyperparams: Hyperparams, params: list[Tensor], grads: list[Tensor],
+         states: list[dict[str, Any]]) -> None:  # fmt: skip
+    """A fused group's step: the adapter's in-place step (its checks, counters and
+    schedule), whose dense params step in one compiled graph per device (`step_dense`)."""
+    _step_in_place(algorithm, hyperparams, params, grads, states, dense=step_dense)
 
 
 def step_dense(algorithm: Algorithm, coefficients: Any, hyperparams: Hyperparams, ps: Sequence[Tensor],
