@@ -22,7 +22,8 @@ from ..core.base import Params
 from ..engine.algorithm import Algorithm
 from ..engine.bounds import Bound, Hyperparams
 from ..engine.ops import Coef, Ops, nonzero, power
-from .sgd import DampedFromSecondStep
+from .sgd import DampedFromSecondStep, momentum_step
+from .sgd import _validate as sgd_validate
 
 __all__ = [
     "LARS",
@@ -363,21 +364,10 @@ def _lars_math(
             *norms, lr=lr, trust_coeff=trust_coeff, weight_decay=weight_decay, eps=eps, trust_clip=trust_clip
         )
         g = o.mul_(o.add(g, p, alpha=weight_decay), ratio)
-    if nonzero(momentum):
-        if momentum_buffer is None:  # the first step: a copy of the scaled gradient
-            momentum_buffer = o.clone(g)
-        else:
-            momentum_buffer = o.add_(o.mul_(momentum_buffer, momentum), g, alpha=1 - dampening)
-        g = o.add(g, momentum_buffer, alpha=momentum) if nesterov else momentum_buffer
+    if nonzero(momentum):  # SGD's, of the scaled gradient
+        g, momentum_buffer = momentum_step(o, g, momentum_buffer, momentum, dampening, nesterov)
     out = o.add_(out, g, alpha=neg_lr)
     return out, (momentum_buffer,)
-
-
-def _lars_validate(hp: Hyperparams) -> None:
-    momentum, dampening = hp.get("momentum", 0), hp.get("dampening", 0)
-    if hp.get("nesterov") and not isinstance(momentum, Tensor) and not isinstance(dampening, Tensor):
-        if momentum <= 0 or dampening != 0:
-            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
 
 
 LARS = DampedFromSecondStep(
@@ -393,7 +383,7 @@ LARS = DampedFromSecondStep(
         Bound("weight_decay", "Invalid weight_decay value: {}"),
     ),
     per_element=False,  # the trust ratio: norms of the param and its gradient
-    validate=_lars_validate,
+    validate=sgd_validate,  # SGD's Nesterov rule
     needs_params=True,  # the param's norm
 )
 

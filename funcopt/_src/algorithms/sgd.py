@@ -82,6 +82,19 @@ def _schedule(*, lr: Coef, **_: Any) -> tuple[tuple[()], tuple[Coef]]:
     return (), (lr,)
 
 
+def momentum_step(
+    o: Ops, g: Tensor, momentum_buffer: Tensor | None, momentum: Coef, dampening: Coef, nesterov: bool
+) -> tuple[Tensor, Tensor]:
+    """torch's SGD momentum (SGD's, Lars's): the direction to step along and the new
+    buffer, which the first step makes a copy of the gradient (absent: the torch class's
+    first step)."""
+    if momentum_buffer is None:
+        momentum_buffer = o.clone(g)
+    else:
+        momentum_buffer = o.add_(o.mul_(momentum_buffer, momentum), g, alpha=1 - dampening)
+    return (o.add(g, momentum_buffer, alpha=momentum) if nesterov else momentum_buffer), momentum_buffer
+
+
 def _elementwise(
     o: Ops,
     out: Tensor | None,
@@ -103,11 +116,7 @@ def _elementwise(
     if nonzero(weight_decay):
         g = o.add(g, p, alpha=weight_decay)
     if nonzero(momentum):
-        if momentum_buffer is None:  # the first step: a copy of the gradient
-            momentum_buffer = o.clone(g)
-        else:
-            momentum_buffer = o.add_(o.mul_(momentum_buffer, momentum), g, alpha=1 - dampening)
-        g = o.add(g, momentum_buffer, alpha=momentum) if nesterov else momentum_buffer
+        g, momentum_buffer = momentum_step(o, g, momentum_buffer, momentum, dampening, nesterov)
     out = o.add_(out, g, alpha=-lr)
     return out, (momentum_buffer,)
 
