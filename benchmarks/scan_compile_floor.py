@@ -16,7 +16,7 @@ error relative to the eager `fo.inner_loop`'s (scan_maml.py's ``check_k5``, asse
 <= 1e-4), the median per-call time after, and the 1-minute load average.
 
 Measured (torch 2.13 CPU, K=5, a shared 2-core machine at load 2-4, fresh process and
-cache each): cold compile by hand 36.7, 40.1, 37.8 s; funcopt 41.4, 43.3, 36.1 s (1.0-1.13x,
+cache each): cold compile by hand 36.7, 40.1, 37.8, 41.4 s; funcopt 41.4, 43.3, 36.1, 41.5 s (0.95-1.13x,
 within the load's noise), the same meta-gradient (1.3e-6 relative to each other).
 Graph size (``TORCH_LOGS=graph_code,aot_graphs``, lines with ``=``): TorchDynamo's graph
 244 by hand against 670 with funcopt (its `_traced_probe` step, dead code dropped later,
