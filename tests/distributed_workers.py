@@ -362,8 +362,9 @@ def functional_dtensor(rank: int, world: int, port: int, algorithms: list[str], 
         params, state, comms = result
         if algorithm(name).per_element:
             assert comms.get_total_counts() == 0, comms.get_comm_counts()
-        for field in state._fields:
-            for k, value in getattr(state, field).items():
+        own = state.inner_state if isinstance(state, fo.ScheduledState) else state  # (SGD's dampening)
+        for field in own._fields:
+            for k, value in getattr(own, field).items():
                 if isinstance(value, torch.Tensor) and value.shape == full_params[k].shape:
                     assert value.placements == (Shard(0),), (field, k)
         reference = dict(full_params)
