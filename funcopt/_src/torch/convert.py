@@ -167,8 +167,8 @@ def load_functional_state(optimizer: torch.optim.Optimizer, state: State, params
     matched, treedef = _matched(optimizer, params, "load_functional_state")
     if face.counts(matched) and isinstance(state, ScheduledState):
         # torch keeps no count: before the first step, no buffers (torch makes them there)
-        first = not bool(state.count)
-        state = optree.tree_map(lambda x: MaskedNode() if first else x, state.inner_state, none_is_leaf=True)
+        inner = state.inner_state
+        state = inner if state.count else optree.tree_map(lambda _: MaskedNode(), inner, none_is_leaf=True)
     writes: list[tuple[Tensor, dict[str, Any], list[tuple[str, bool, Any]]]] = []
     values_by_group: dict[int, list[Any]] = {}
     with torch.no_grad():
@@ -232,7 +232,7 @@ class _Face:
 
     def counts(self, matched: list[tuple[Tensor, dict[str, Any]]]) -> bool:
         """Whether the functional form counts steps that the torch class does not (SGD's,
-        with a dampening: `sgd._SGD`), in every group; a mix has no one state."""
+        with a dampening: `sgd.DampedFromSecondStep`), in every group; a mix has no one state."""
         if self.algorithm is None:
             return False
         meta = {"0": torch.empty(0, device="meta")}
