@@ -74,7 +74,7 @@ from ..core.base import (
 )
 from ..core.hyperparams import has_schedule, with_schedules
 from . import inplace
-from .bounds import Bound, Hyperparams, normalize
+from .bounds import Bound, Hyperparams, Prepared, normalize
 from .leaves import (
     _keep,
     check_param,
@@ -168,6 +168,7 @@ class Algorithm:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fields", tuple(self.state._fields))
+        object.__setattr__(self, "update_names", self._names())
         indexed = {b.key: None for b in self.bounds if b.index is not None}
         object.__setattr__(self, "pairs", tuple({**indexed, **dict.fromkeys(self.pairs)}))
         # a saved state loads with torch.load's default weights_only=True
@@ -205,7 +206,7 @@ class Algorithm:
 
     def __call__(self, **hyperparams: Any) -> GradientTransformation:
         """The pure transformation for these hyperparameters (not range-checked)."""
-        hp = normalize(hyperparams, self.pairs)
+        hp = Prepared(normalize(hyperparams, self.pairs))
         return GradientTransformation(functools.partial(self.init, hp), functools.partial(self.update, hp))
 
     def transform(self, **hyperparams: Any) -> GradientTransformation:
@@ -270,7 +271,7 @@ class Algorithm:
             grads,
             *state,
             *(() if params is None else (params,)),
-            names=(f"{self.name} update: grads", *(f"state.{f}" for f in self.fields), "params"),
+            names=self._names(),
             hint="grads, params and each field of the state must have the structure of the params given to init.",
         )
         g_leaves, columns = leaves[0], leaves[1 : 1 + len(state)]
@@ -315,17 +316,32 @@ class Algorithm:
         steps by itself with the `Pure` ops.
         """
         traceable = traceable or tracer_active()  # a property of the call, not of a tensor
-        lists_ok = not traceable and untraced(hyperparams, g_leaves, p_leaves, *columns)
+        creating, tensor_hyperparams = self._derived(hyperparams)
+        lists_ok = not traceable and not tensor_hyperparams and untraced({}, g_leaves, p_leaves, *columns)
         eager = lists_ok and not records(g_leaves, p_leaves, *columns)
-        new_columns = [list(column) for column in columns]
         k = len(self.counters)
         n = len(g_leaves)
         buffer_columns: list[list[Any]] = [
             [None if type(b) is MaskedNode else b for b in column] for column in columns[k:]
         ]
+        usual = (
+            self._usual(hyperparams, p_leaves, g_leaves, columns[:k], buffer_columns, creating)
+            if eager
+            else None
+        )
+        if usual is not None and inplace.all_lists(p_leaves if p_leaves[0] is not None else g_leaves):
+            # the usual small step, in fresh memory with foreach ops: no grouping to do
+            new, coefficients = usual
+            outs, new_buffers = inplace.fresh_lists(
+                self, coefficients, hyperparams, (p_leaves, g_leaves, *buffer_columns)
+            )
+            return outs, [
+                *([value] * n for value in new),
+                *([MaskedNode() for _ in range(n)] if b is None else b for b in new_buffers),
+            ]
+        new_columns = [list(column) for column in columns]
         groups: list[tuple[Any, list[int]]] = []  # coefficients and leaves, by what they share
         updates: list[Tensor | None] = [None] * n
-        usual = self._usual(hyperparams, p_leaves, g_leaves, columns[:k], buffer_columns) if eager else None
         if usual is not None:  # one group, checked column by column
             new, coefficients = usual
             for column, value in zip(new_columns, new):
@@ -333,7 +349,7 @@ class Algorithm:
             groups.append((coefficients, list(range(n))))
         else:
             self._group_leaves(hyperparams, p_leaves, g_leaves, columns, buffer_columns,
-                               new_columns, updates, groups, lists_ok, eager, traceable)  # fmt: skip
+                               new_columns, updates, groups, lists_ok, eager, traceable, creating)  # fmt: skip
         face = inplace.FRESH if eager else inplace.WRITTEN_BACK if written_back else inplace.RECORDED
         gs = cast(Sequence[Tensor], g_leaves)  # (a grouped leaf has a gradient)
         keep = functools.partial(_keep, updates, new_columns[k:])
@@ -368,6 +384,7 @@ class Algorithm:
         g_leaves: Sequence[Tensor | None],
         counters: Sequence[Sequence[Tensor]],
         buffer_columns: Sequence[Sequence[Tensor | None]],
+        creating: Callable[[Sequence[Tensor | None]], bool],
     ) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
         """The usual eager update, found column by column (a per-leaf loop costs about
         as much as the math on a small model): every leaf has a gradient, dense, and a
@@ -401,7 +418,7 @@ class Algorithm:
             return None
         if not all(list(map(SHAPE, c)) == shapes and list(map(DTYPE, c)) == dtypes for c in same):
             return None
-        if self.creating(hyperparams)([column[0] for column in buffer_columns]):
+        if creating([column[0] for column in buffer_columns]):
             return None
         new, coefficients = self._schedule(firsts, hyperparams, False, {})
         if any([isinstance(c, Tensor) for c in coefficients]):
@@ -421,6 +438,7 @@ class Algorithm:
         lists_ok: bool,
         eager: bool,
         traceable: bool,
+        creating: Callable[[Sequence[Tensor | None]], bool],
     ) -> None:
         """`update_leaves`' grouping, leaf by leaf: it checks each leaf, writes its new
         counters into `new_columns`, steps a leaf that must step by itself (into
@@ -435,7 +453,6 @@ class Algorithm:
         # the previous leaf's counters, their schedule, and whether its coefficients are numbers
         last: tuple[tuple[Any, ...], Any, bool] | None = None
         by_value: dict[Any, Any] = {}  # readable counters' values -> their schedule
-        creating = self.creating(hyperparams)
         keep = functools.partial(_keep, updates, new_columns[k:])
         members: list[int] = []  # the leaves that step in groups, their keys, their coefficients
         keys: list[tuple[Any, ...]] = []
@@ -531,6 +548,26 @@ class Algorithm:
             b is None and name in creates for name, b in zip(self.buffer_fields, buffers)
         )
 
+    def _derived(self, hyperparams: Hyperparams) -> tuple[Callable[[Sequence[Tensor | None]], bool], bool]:
+        """What an update derives from the hyperparameters alone: the `creating` test, and
+        whether any is a tensor. A transformation's `Prepared` hyperparameters keep it."""
+        if torch.compiler.is_compiling():  # (a kept value would be guarded on)
+            return self.creating(hyperparams), _holds_tensor(hyperparams)
+        derived = getattr(hyperparams, "derived", None)
+        if derived is None:
+            derived = (self.creating(hyperparams), _holds_tensor(hyperparams))
+            if type(hyperparams) is Prepared:
+                hyperparams.derived = derived
+        return derived
+
+    def _names(self) -> tuple[str, ...]:
+        """What `update`'s messages call its arguments (kept at `__post_init__`; an
+        algorithm pickled before that derives them here)."""
+        names = self.__dict__.get("update_names")
+        if names is None:
+            names = (f"{self.name} update: grads", *(f"state.{f}" for f in self.fields), "params")
+        return names
+
     def stateless(self, hyperparams: Hyperparams) -> bool:
         """Whether a param's state is empty at first (SGD's: no counters, its buffer absent)."""
         return not self.counters and all(v is None for v in self.initial(**hyperparams))
@@ -571,9 +608,7 @@ class Algorithm:
                 by_value[key] = (
                     tuple(
                         # a value computed from a tensor hyperparameter stays in its graph
-                        v.to(c.dtype)
-                        if isinstance(v, Tensor)
-                        else torch.tensor(v, dtype=c.dtype, device=c.device)
+                        v.to(c.dtype) if isinstance(v, Tensor) else _counter(v, c)
                         for v, c in zip(new, counters)
                     ),
                     coefficients,
@@ -614,3 +649,19 @@ class Algorithm:
         )
         back = as_complex if gs[0].is_complex() else lambda t: t
         return [back(t) for t in out], [None if b is None else [back(t) for t in b] for b in new]
+
+
+def _counter(value: Any, like: Tensor) -> Tensor:
+    """A new counter of `value`, a Python number, like the counter `like`."""
+    try:
+        return torch.scalar_tensor(value, dtype=like.dtype, device=like.device)  # (the faster)
+    except RuntimeError:  # a float that overflows the dtype: torch.tensor makes it inf
+        return torch.tensor(value, dtype=like.dtype, device=like.device)
+
+
+def _holds_tensor(hyperparams: Hyperparams) -> bool:
+    """Whether a hyperparameter is a tensor, or a tuple holding one."""
+    return any(
+        isinstance(v, Tensor) or (type(v) is tuple and any(isinstance(x, Tensor) for x in v))
+        for v in hyperparams.values()
+    )

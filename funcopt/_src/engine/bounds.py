@@ -86,3 +86,14 @@ def normalize(hyperparams: Hyperparams, pairs: Collection[str] = ()) -> Hyperpar
         return v
 
     return {k: one(k, v) for k, v in hyperparams.items()}
+
+
+class Prepared(dict):  # type: ignore[type-arg]
+    """A transformation's hyperparameters (normalized), which also keep what its updates
+    derive from them alone (`derived`), so that a repeated update derives it once. It
+    pickles and copies as a plain dict."""
+
+    __slots__ = ("derived",)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (dict, (dict(self),))

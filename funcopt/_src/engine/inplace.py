@@ -111,7 +111,7 @@ def plan(likes: Sequence[Tensor], buffers: Sequence[Sequence[Any]], face: str) -
     if face == IN_PLACE and all(column[0] is None for column in buffers):
         return {LISTS: every}
     if face == FRESH:  # (a group on one device)
-        if use_lists(likes[0].device) or all([t.numel() <= SMALL for t in likes]):
+        if all_lists(likes):
             return {LISTS: every}
         # without buffers (SGD without momentum) the math is a pass or two: blocks buy nothing
         buffered = not all(column[0] is None for column in buffers)
@@ -140,6 +140,11 @@ def plan(likes: Sequence[Tensor], buffers: Sequence[Sequence[Any]], face: str) -
             route = WHOLE
         routes.setdefault(route, []).append(i)
     return routes
+
+
+def all_lists(likes: Sequence[Tensor]) -> bool:
+    """Whether a fresh group (on one device) runs all in `LISTS`: off the CPU, or small."""
+    return use_lists(likes[0].device) or all([t.numel() <= SMALL for t in likes])
 
 
 def run(algorithm: Any, coefficients: Any, hyperparams: Any, out: Any, p: Any, g: Any,
