@@ -329,13 +329,15 @@ class Algorithm:
             if eager
             else None
         )
-        if usual is not None and inplace.all_lists(p_leaves if p_leaves[0] is not None else g_leaves):
+        if usual is not None and inplace.all_lists(
+            cast(Sequence[Tensor], p_leaves if p_leaves[0] is not None else g_leaves)
+        ):
             # the usual small step, in fresh memory with foreach ops: no grouping to do
             new, coefficients = usual
             outs, new_buffers = inplace.fresh_lists(
                 self, coefficients, hyperparams, (p_leaves, g_leaves, *buffer_columns)
             )
-            return outs, [
+            return cast(list[Tensor | None], outs), [
                 *([value] * n for value in new),
                 *([MaskedNode() for _ in range(n)] if b is None else b for b in new_buffers),
             ]

@@ -88,12 +88,13 @@ def normalize(hyperparams: Hyperparams, pairs: Collection[str] = ()) -> Hyperpar
     return {k: one(k, v) for k, v in hyperparams.items()}
 
 
-class Prepared(dict):  # type: ignore[type-arg]
+class Prepared(dict[str, Any]):
     """A transformation's hyperparameters (normalized), which also keep what its updates
     derive from them alone (`derived`), so that a repeated update derives it once. It
     pickles and copies as a plain dict."""
 
     __slots__ = ("derived",)
+    derived: tuple[Any, ...]
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (dict, (dict(self),))
