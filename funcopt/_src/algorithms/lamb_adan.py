@@ -22,7 +22,7 @@ from ..engine.algorithm import Algorithm
 from ..engine.bounds import Bound, Hyperparams
 from ..engine.ops import Coef, Ops, nonzero, power
 
-__all__ = ["ADABELIEF", "ADAN", "LAMB", "AdaBeliefState", "AdanState", "LambState"]
+__all__ = ["ADABELIEF", "ADAN", "CAUTIOUS_ADAN", "LAMB", "AdaBeliefState", "AdanState", "LambState"]
 
 
 def _bounds(*betas: int, weight_decay: bool = True) -> tuple[Bound, ...]:
@@ -198,7 +198,38 @@ def _adan_schedule(
 def _adan_math(
     o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_diff: Tensor, exp_avg_sq: Tensor,
     prev_grad: Tensor, coefficients: tuple[Coef, ...], *, betas: tuple[Coef, Coef, Coef], eps: Coef,
-    weight_decay: Coef, **_: Any,
+    weight_decay: Coef, caution: bool = False, **_: Any,
+) -> tuple[Tensor, tuple[Tensor, ...]]:  # fmt: skip
+    if caution:
+        raise ValueError(
+            "Adan: caution=True takes a mean over each tensor, which the per-element ADAN cannot: "
+            "use CAUTIOUS_ADAN (fo.Adan picks it when a group has caution=True at construction, "
+            "add_param_group, load_state_dict or step)"
+        )
+    return _adan_step(
+        o, out, p, g, exp_avg, exp_avg_diff, exp_avg_sq, prev_grad, coefficients, betas=betas, eps=eps,
+        weight_decay=weight_decay,
+    )  # fmt: skip
+
+
+def _cautious_adan_math(
+    o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_diff: Tensor, exp_avg_sq: Tensor,
+    prev_grad: Tensor, coefficients: tuple[Coef, ...], *, betas: tuple[Coef, Coef, Coef], eps: Coef,
+    weight_decay: Coef, caution: bool = False, **_: Any,
+) -> tuple[Tensor, tuple[Tensor, ...]]:  # fmt: skip
+    """Adan with timm's ``caution`` (Cautious Optimizers, Liang et al. 2024): the first
+    moment's term only where it agrees in sign with the gradient, rescaled by the share of
+    such entries in the tensor (at least 1e-3)."""
+    return _adan_step(
+        o, out, p, g, exp_avg, exp_avg_diff, exp_avg_sq, prev_grad, coefficients, betas=betas, eps=eps,
+        weight_decay=weight_decay, caution=caution,
+    )  # fmt: skip
+
+
+def _adan_step(
+    o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_diff: Tensor, exp_avg_sq: Tensor,
+    prev_grad: Tensor, coefficients: tuple[Coef, ...], *, betas: tuple[Coef, Coef, Coef], eps: Coef,
+    weight_decay: Coef, caution: bool = False,
 ) -> tuple[Tensor, tuple[Tensor, ...]]:  # fmt: skip
     neg_step, neg_step_diff, bc3_sqrt, started, decay = coefficients
     beta1, beta2, beta3 = betas
@@ -211,7 +242,11 @@ def _adan_math(
     denom = o.add_(o.div_(o.sqrt(exp_avg_sq), bc3_sqrt), eps)
     if nonzero(weight_decay):
         out = o.decay_(out, p, decay)
-    out = o.addcdiv_(out, exp_avg, denom, value=neg_step)
+    step = exp_avg
+    if caution:  # timm masks the first moment's term only, by its sign against the gradient's
+        mask = (exp_avg * g > 0).to(g.dtype)
+        step = o.mul(exp_avg, mask / mask.mean().clamp(min=1e-3))
+    out = o.addcdiv_(out, step, denom, value=neg_step)
     out = o.addcdiv_(out, exp_avg_diff, denom, value=neg_step_diff)
     return out, (exp_avg, exp_avg_diff, exp_avg_sq, prev_grad)
 
@@ -236,6 +271,21 @@ ADAN = Algorithm(
     bounds=_bounds(),  # betas is a triple, which the bounds' pairs cannot index: see validate
     validate=_check_betas,
 )
+
+CAUTIOUS_ADAN = Algorithm(
+    name="CautiousAdan",
+    state=AdanState,
+    counters=("step",),
+    initial=_adan_initial,
+    schedule=_adan_schedule,
+    elementwise=_cautious_adan_math,
+    bounds=_bounds(),
+    validate=_check_betas,
+    per_element=False,  # caution's mask is rescaled by its mean over the tensor
+)
+"""timm's Adan with ``caution`` (each param steps by itself); ``fo.Adan`` steps with it
+when any param group sets ``caution=True``, with `ADAN` otherwise (whose per-element
+math may step small params together, and refuses ``caution``)."""
 
 
 # ---------------------------------------------------------------- AdaBelief

@@ -19,7 +19,7 @@ from torch.optim.optimizer import ParamsT
 
 from ..algorithms.catalogue_more import ADEMAMIX, ADOPT, LARS, NADAMW, NOVOGRAD, SIGNUM, YOGI
 from ..algorithms.catalogue_more import MADGRAD as MADGRAD_ALGORITHM
-from ..algorithms.lamb_adan import ADABELIEF, ADAN, LAMB
+from ..algorithms.lamb_adan import ADABELIEF, ADAN, CAUTIOUS_ADAN, LAMB
 from .adapter import Optimizer
 from .fused import fused_flag
 
@@ -185,8 +185,10 @@ class Adan(_RenamesOldKeys):
     divided by ``1 + lr * weight_decay`` after the step; ``no_prox=True``: multiplied by
     ``1 - lr * weight_decay`` before it). `fo.adan` is optax's Adan, which weights the
     gradient difference by ``1 - b2`` where timm (and the paper) weight it by ``b2``.
-    timm's ``caution`` is not offered. State keys: ``step``, ``exp_avg``, ``exp_avg_diff``,
-    ``exp_avg_sq``, ``prev_grad`` (timm keeps ``neg_pre_grad``, its negative).
+    ``caution`` (Cautious Optimizers) masks the first moment's term where its sign is not
+    the gradient's, rescaled by the share kept in each tensor; with it, each param steps by
+    itself. State keys: ``step``, ``exp_avg``, ``exp_avg_diff``, ``exp_avg_sq``,
+    ``prev_grad`` (timm keeps ``neg_pre_grad``, its negative).
 
     Example:
         >>> import torch, funcopt as fo
@@ -209,6 +211,7 @@ class Adan(_RenamesOldKeys):
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         no_prox: bool = False,
+        caution: bool = False,
         *,
         foreach: bool | None = None,
         capturable: bool = False,
@@ -217,8 +220,29 @@ class Adan(_RenamesOldKeys):
     ) -> None:
         super().__init__(
             params, ADAN, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, no_prox=no_prox,
-            **_switches(foreach, capturable, differentiable, fused),
+            caution=caution, **_switches(foreach, capturable, differentiable, fused),
         )  # fmt: skip
+        self._pick_algorithm()
+
+    def _pick_algorithm(self) -> None:
+        """`CAUTIOUS_ADAN` (each param by itself) where a group has ``caution=True``, else
+        `ADAN` (whose per-element math may step small params together)."""
+        cautious = any(group.get("caution") for group in self.param_groups)
+        self._transform = CAUTIOUS_ADAN if cautious else ADAN
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        if hasattr(self, "_transform"):  # (torch's __init__ adds the first groups before it is set)
+            self._pick_algorithm()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._pick_algorithm()
+
+    def _step_group(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> None:
+        if group.get("caution") and self._transform is ADAN:  # set on the group since
+            self._pick_algorithm()
+        super()._step_group(group, params, grads)
 
 
 class AdaBelief(_RenamesOldKeys):
