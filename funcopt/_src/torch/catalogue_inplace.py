@@ -22,6 +22,7 @@ from ..algorithms.catalogue_more import MADGRAD as MADGRAD_ALGORITHM
 from ..algorithms.lamb_adan import ADABELIEF, ADAN, CAUTIOUS_ADAN, LAMB
 from .adapter import Optimizer
 from .fused import fused_flag
+from .package_state import TimmGroupStep
 
 __all__ = [
     "MADGRAD",
@@ -92,13 +93,14 @@ class _RenamesOldKeys(Optimizer):
         return new
 
 
-class Lamb(_RenamesOldKeys):
+class Lamb(TimmGroupStep, _RenamesOldKeys):
     """LAMB (You et al. 2020) as timm's ``Lamb`` (NVIDIA's FusedLAMB), with its arguments
     and defaults: Adam, then the layer-wise trust ratio ``|p| / |update|`` for params with
     weight decay (all of them with ``always_adapt``), after the gradients are divided by
     ``max(1, global norm / max_grad_norm)``, their norm over all param groups (None: no
     clip). `fo.lamb` is optax's LAMB: no clip, a trust ratio for every param. State keys:
-    ``step``, ``exp_avg``, ``exp_avg_sq``.
+    ``step``, ``exp_avg``, ``exp_avg_sq``; ``state_dict()`` adds timm's group ``step``, so
+    each class loads the other's state_dict.
 
     Example:
         >>> import torch, funcopt as fo
@@ -178,7 +180,7 @@ class Lamb(_RenamesOldKeys):
         return hyperparams if divisor is None else {**hyperparams, "grad_divisor": divisor}
 
 
-class Adan(_RenamesOldKeys):
+class Adan(TimmGroupStep, _RenamesOldKeys):
     """Adan (Xie et al. 2022) as timm's ``Adan``, with its arguments and defaults:
     ``betas=(b1, b2, b3)`` are decay rates (the paper's ``1 - beta``: its
     ``(0.02, 0.08, 0.01)`` is this default), and the weight decay is proximal (the param
@@ -187,8 +189,9 @@ class Adan(_RenamesOldKeys):
     gradient difference by ``1 - b2`` where timm (and the paper) weight it by ``b2``.
     ``caution`` (Cautious Optimizers) masks the first moment's term where its sign is not
     the gradient's, rescaled by the share kept in each tensor; with it, each param steps by
-    itself. State keys: ``step``, ``exp_avg``, ``exp_avg_diff``, ``exp_avg_sq``,
-    ``prev_grad`` (timm keeps ``neg_pre_grad``, its negative).
+    itself. State keys: timm's (``exp_avg``, ``exp_avg_diff``, ``exp_avg_sq``,
+    ``neg_pre_grad``) and ``step``; ``state_dict()`` adds timm's group ``step``, so each
+    class loads the other's state_dict.
 
     Example:
         >>> import torch, funcopt as fo
@@ -200,8 +203,15 @@ class Adan(_RenamesOldKeys):
         "0.m": "exp_avg",
         "0.v": "exp_avg_diff",
         "0.n": "exp_avg_sq",
-        "0.g": "prev_grad",
+        "0.g": "neg_pre_grad",  # optax's last gradient: negated in `_renamed`
     }
+    group_step_is_int = True  # timm's Adan counts its group's steps in a Python int
+
+    def _renamed(self, state: dict[str, Any]) -> dict[str, Any]:
+        new = super()._renamed(state)
+        if "0.g" in state:
+            new["neg_pre_grad"] = -state["0.g"]
+        return new
 
     def __init__(
         self,
