@@ -152,7 +152,7 @@ def package_state_dict(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         >>> import torch, funcopt as fo
         >>> opt = fo.Prodigy(torch.nn.Linear(2, 1).parameters())
         >>> sorted(fo.package_state_dict(opt)["param_groups"][0])[:4]
-        ['betas', 'beta3', 'd', 'd0']
+        ['beta3', 'betas', 'd', 'd0']
     """
     package = getattr(optimizer, "package", "")
     if package not in _DROPPED:
