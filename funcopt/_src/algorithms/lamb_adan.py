@@ -20,7 +20,7 @@ from torch import Tensor
 from ..core.base import Params
 from ..engine.algorithm import Algorithm
 from ..engine.bounds import Bound, Hyperparams
-from ..engine.ops import Coef, Ops, nonzero, power
+from ..engine.ops import Coef, InPlace, Ops, nonzero, power
 
 __all__ = ["ADABELIEF", "ADAN", "CAUTIOUS_ADAN", "LAMB", "AdaBeliefState", "AdanState", "LambState"]
 
@@ -226,6 +226,19 @@ def _cautious_adan_math(
     )  # fmt: skip
 
 
+def _caution_mask(o: Ops, exp_avg: Tensor, g: Tensor) -> Tensor:
+    """timm's mask: 1 where the first moment and the gradient agree in sign, else 0,
+    over its mean (at least 1e-3). A constant (no gradient flows through it). In place
+    on one temporary for the eager step; out of place otherwise (vmap has no batching
+    rule for the in-place comparison)."""
+    with torch.no_grad():
+        if o is InPlace:
+            mask = torch.mul(exp_avg, g).gt_(0)
+            return mask.div_(mask.mean().clamp_(min=1e-3))
+        agree = torch.mul(exp_avg, g) > 0
+        return agree / (agree.sum(dtype=g.dtype) / agree.numel()).clamp(min=1e-3)
+
+
 def _adan_step(
     o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_diff: Tensor, exp_avg_sq: Tensor,
     neg_pre_grad: Tensor, coefficients: tuple[Coef, ...], *, betas: tuple[Coef, Coef, Coef], eps: Coef,
@@ -245,8 +258,7 @@ def _adan_step(
         out = o.decay_(out, p, decay)
     step = exp_avg
     if caution:  # timm masks the first moment's term only, by its sign against the gradient's
-        mask = (exp_avg * g > 0).to(g.dtype)
-        step = o.mul(exp_avg, mask / mask.mean().clamp(min=1e-3))
+        step = o.mul(exp_avg, _caution_mask(o, exp_avg, g))
     out = o.addcdiv_(out, step, denom, value=neg_step)
     out = o.addcdiv_(out, exp_avg_diff, denom, value=neg_step_diff)
     return out, (exp_avg, exp_avg_diff, exp_avg_sq, neg_pre_grad)
