@@ -92,6 +92,9 @@ from ._src.torch.classes import (
 from ._src.torch.convert import functional_state, load_functional_state
 from ._src.torch.distance_classes import DAdaptAdamW, Prodigy
 from ._src.torch.lbfgs import LBFGS
+
+# wt-64a: state_dicts in the format of the packages the drop-in classes follow
+from ._src.torch.package_state import package_state_dict
 from ._src.torch.schedule_free import AdamWScheduleFree, RAdamScheduleFree, SGDScheduleFree
 from ._src.transforms import blocks as _transforms
 from ._src.transforms import inject as _inject
@@ -225,6 +228,8 @@ __all__ = [
     "SignumState",
     "Yogi",
     "YogiState",
+    # wt-64a: state_dicts in the format of the packages the drop-in classes follow
+    "package_state_dict",
 ]
 
 

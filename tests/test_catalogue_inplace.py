@@ -195,7 +195,7 @@ def test_an_earlier_state_dict_of_a_class_now_timms_loads(name):
     """The earlier classes over optax's chains (whose math these classes no longer follow):
     their state_dict loads, each buffer under its new key with its value (Lars's momentum,
     which held the steps after the learning rate, divided by -lr; its trust_coefficient
-    renamed trust_coeff), and the class steps on from there."""
+    renamed trust_coeff; Adan's last gradient negated), and the class steps on from there."""
     factory, defaults = OLD[name]
     old_ps = params()
     old = fo.Optimizer(old_ps, factory, **defaults)
@@ -210,6 +210,8 @@ def test_an_earlier_state_dict_of_a_class_now_timms_loads(name):
             key = cls.old_keys[old_key]
             if key == "momentum_buffer":  # Lars
                 value = value / -defaults["lr"]
+            if key == "neg_pre_grad":  # Adan: timm keeps the last gradient's negative
+                value = -value
             torch.testing.assert_close(new.state[p][key], value.to(new.state[p][key].dtype), rtol=0, atol=0)
     assert new.param_groups[0]["lr"] == defaults["lr"]
     if name == "Lars":

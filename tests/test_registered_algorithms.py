@@ -74,6 +74,10 @@ OPTION_NEEDS: dict[tuple[str, str], dict[str, Any]] = {
 # its option sets: fo.Lamb's clip of the gradients' global norm, over all param groups
 # (tests/test_timm_reference.py checks it against timm).
 CLASS_ONLY: dict[str, dict[str, Any]] = {"Lamb": {"max_grad_norm": None}}
+# An algorithm that a class steps for one option only: the class, and that option, set in
+# each of its option sets (and flipped in none of the class's own algorithm's): fo.Adan
+# steps CautiousAdan with caution=True (per tensor), Adan without (per element).
+BY_OPTION: dict[str, tuple[str, dict[str, Any]]] = {"CautiousAdan": ("Adan", {"caution": True})}
 
 
 # -- the algorithms and their option sets -----------------------------------------------
@@ -81,10 +85,11 @@ CLASS_ONLY: dict[str, dict[str, Any]] = {"Lamb": {"max_grad_norm": None}}
 
 def drop_in_class(algorithm: Algorithm) -> type[fo.Optimizer] | None:
     """The public class that steps `algorithm` (``fo.Lion`` for Lion), or None."""
-    cls = getattr(fo, algorithm.name, None)
+    name, fixed = BY_OPTION.get(algorithm.name, (algorithm.name, {}))
+    cls = getattr(fo, name, None)
     if not (isinstance(cls, type) and issubclass(cls, fo.Optimizer)):
         return None
-    return cls if cls([torch.zeros(2, 2, requires_grad=True)])._transform is algorithm else None
+    return cls if cls([torch.zeros(2, 2, requires_grad=True)], **fixed)._transform is algorithm else None
 
 
 def class_options(cls: type) -> dict[str, Any]:
@@ -142,13 +147,15 @@ def option_sets(algorithm: Algorithm, cls: type[fo.Optimizer]) -> list[tuple[str
     name = algorithm.name
     away = kwargs_of(HYPER[name]) if name in HYPER else away_from_defaults(algorithm, defaults)
     sets = [("defaults", {}), ("away", away)]
+    fixed = BY_OPTION.get(name, (name, {}))[1]
+    chosen = {k for cls_name, options in BY_OPTION.values() if cls_name == cls.__name__ for k in options}
     for option, default in defaults.items():
-        if isinstance(default, bool):
+        if isinstance(default, bool) and option not in chosen:
             needs = OPTION_NEEDS.get((name, option), {})
             sets.append((f"{option}={not default}", {**away, **needs, option: not default}))
     for extra in EXTRA_OPTIONS.get(name, []):
         sets.append(("+".join(f"{k}={v}" for k, v in extra.items()), {**away, **extra}))
-    return [(label, {**kwargs, **CLASS_ONLY.get(name, {})}) for label, kwargs in sets]
+    return [(label, {**kwargs, **CLASS_ONLY.get(name, {}), **fixed}) for label, kwargs in sets]
 
 
 def built_in(algorithm: Algorithm) -> bool:

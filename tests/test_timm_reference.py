@@ -58,6 +58,9 @@ OPTIONS: dict[str, list[dict[str, Any]]] = {
         {"lr": 0.01, "betas": (0.9, 0.8, 0.95), "eps": 1e-3},
         {"lr": 0.01, "weight_decay": 0.1},
         {"lr": 0.01, "weight_decay": 0.1, "no_prox": True},
+        {"lr": 0.01, "caution": True},
+        {"lr": 0.01, "weight_decay": 0.1, "caution": True},
+        {"lr": 0.01, "weight_decay": 0.1, "no_prox": True, "caution": True},
     ],
     "AdaBelief": [
         {"lr": 0.01},
@@ -165,13 +168,13 @@ def test_class_equals_timms_foreach_step(name):
 
 def test_constructor_defaults_are_timms():
     """Each class's arguments and defaults are timm's, in timm's order, less torch's
-    switches (and Adan's ``caution``, which fo.Adan leaves out)."""
+    switches."""
     import inspect
 
     switches = {"foreach", "capturable", "differentiable", "fused"}
     for name in OPTIONS:
         reference = getattr(timm_optim, TIMM_NAMES.get(name, name))
-        left_out = switches | ({"caution"} if name == "Adan" else set())
+        left_out = switches
         theirs, ours = (
             [
                 (p.name, p.default)
@@ -208,3 +211,37 @@ def test_lamb_refuses_a_groups_own_max_grad_norm():
     with pytest.raises(ValueError, match="clips the gradients of all groups together"):
         fo.Lamb([{"params": params[:2], "max_grad_norm": 2.0}, {"params": params[2:]}])
     fo.Lamb([{"params": params[:2], "max_grad_norm": 2.0}], max_grad_norm=2.0)  # the constructor's: fine
+
+
+def test_adan_caution_per_group_and_set_later():
+    """timm reads ``caution`` per group: one group cautious, the other not; and a group
+    that turns it on after construction (fo.Adan then steps each param by itself)."""
+
+    def ours(groups: list[dict[str, Any]]) -> Any:
+        return fo.Adan([{**groups[0], "caution": True}, groups[1]], lr=0.01, weight_decay=0.1)
+
+    def theirs(groups: list[dict[str, Any]]) -> Any:
+        return timm_optim.Adan([{**groups[0], "caution": True}, groups[1]], lr=0.01, weight_decay=0.1)
+
+    assert compare(ours, theirs) < TOLERANCE
+
+    def ours_later(groups: list[dict[str, Any]]) -> Any:
+        opt = fo.Adan(groups, lr=0.01)
+        opt.param_groups[1]["caution"] = True
+        return opt
+
+    def theirs_later(groups: list[dict[str, Any]]) -> Any:
+        return timm_optim.Adan([groups[0], {**groups[1], "caution": True}], lr=0.01)
+
+    assert compare(ours_later, theirs_later) < TOLERANCE
+
+
+def test_adan_per_element_algorithm_refuses_caution():
+    """The per-element ADAN steps small params together, so it cannot take caution's
+    per-tensor mean: it says which algorithm can, rather than ignore it."""
+    from funcopt._src.algorithms.lamb_adan import ADAN
+
+    params = {"w": torch.ones(3)}
+    tx = ADAN(lr=0.01, betas=(0.98, 0.92, 0.99), eps=1e-8, weight_decay=0.0, caution=True)
+    with pytest.raises(ValueError, match="CAUTIOUS_ADAN"):
+        tx.update(params, tx.init(params), params)

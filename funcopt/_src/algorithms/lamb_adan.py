@@ -20,9 +20,9 @@ from torch import Tensor
 from ..core.base import Params
 from ..engine.algorithm import Algorithm
 from ..engine.bounds import Bound, Hyperparams
-from ..engine.ops import Coef, Ops, nonzero, power
+from ..engine.ops import Coef, InPlace, Ops, nonzero, power
 
-__all__ = ["ADABELIEF", "ADAN", "LAMB", "AdaBeliefState", "AdanState", "LambState"]
+__all__ = ["ADABELIEF", "ADAN", "CAUTIOUS_ADAN", "LAMB", "AdaBeliefState", "AdanState", "LambState"]
 
 
 def _bounds(*betas: int, weight_decay: bool = True) -> tuple[Bound, ...]:
@@ -157,18 +157,18 @@ reads all param groups at once: ``fo.Lamb`` computes it and hands the math its d
 
 class AdanState(NamedTuple):
     """Adan's per-param state: the step count, the moments of the gradient, of its
-    difference from the last one and of their Nesterov sum, and the last gradient
-    (timm keeps its negative, ``neg_pre_grad``)."""
+    difference from the last one and of their Nesterov sum, and the last gradient's
+    negative (timm's keys: its ``neg_pre_grad`` is the step's scratch space too)."""
 
     step: Params
     exp_avg: Params
     exp_avg_diff: Params
     exp_avg_sq: Params
-    prev_grad: Params
+    neg_pre_grad: Params
 
 
 def _adan_initial(**_: Any) -> AdanState:
-    return AdanState(step=0.0, exp_avg=0.0, exp_avg_diff=0.0, exp_avg_sq=0.0, prev_grad=0.0)
+    return AdanState(step=0.0, exp_avg=0.0, exp_avg_diff=0.0, exp_avg_sq=0.0, neg_pre_grad=0.0)
 
 
 def _adan_schedule(
@@ -197,23 +197,71 @@ def _adan_schedule(
 
 def _adan_math(
     o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_diff: Tensor, exp_avg_sq: Tensor,
-    prev_grad: Tensor, coefficients: tuple[Coef, ...], *, betas: tuple[Coef, Coef, Coef], eps: Coef,
-    weight_decay: Coef, **_: Any,
+    neg_pre_grad: Tensor, coefficients: tuple[Coef, ...], *, betas: tuple[Coef, Coef, Coef], eps: Coef,
+    weight_decay: Coef, caution: bool = False, **_: Any,
+) -> tuple[Tensor, tuple[Tensor, ...]]:  # fmt: skip
+    if caution:
+        raise ValueError(
+            "Adan: caution=True takes a mean over each tensor, which the per-element ADAN cannot: "
+            "use CAUTIOUS_ADAN (fo.Adan picks it when a group has caution=True at construction, "
+            "add_param_group, load_state_dict or step)"
+        )
+    return _adan_step(
+        o, out, p, g, exp_avg, exp_avg_diff, exp_avg_sq, neg_pre_grad, coefficients, betas=betas, eps=eps,
+        weight_decay=weight_decay,
+    )  # fmt: skip
+
+
+def _cautious_adan_math(
+    o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_diff: Tensor, exp_avg_sq: Tensor,
+    neg_pre_grad: Tensor, coefficients: tuple[Coef, ...], *, betas: tuple[Coef, Coef, Coef], eps: Coef,
+    weight_decay: Coef, caution: bool = False, **_: Any,
+) -> tuple[Tensor, tuple[Tensor, ...]]:  # fmt: skip
+    """Adan with timm's ``caution`` (Cautious Optimizers, Liang et al. 2024): the first
+    moment's term only where it agrees in sign with the gradient, rescaled by the share of
+    such entries in the tensor (at least 1e-3)."""
+    return _adan_step(
+        o, out, p, g, exp_avg, exp_avg_diff, exp_avg_sq, neg_pre_grad, coefficients, betas=betas, eps=eps,
+        weight_decay=weight_decay, caution=caution,
+    )  # fmt: skip
+
+
+def _caution_mask(o: Ops, exp_avg: Tensor, g: Tensor) -> Tensor:
+    """timm's mask: 1 where the first moment and the gradient agree in sign, else 0,
+    over its mean (at least 1e-3). A constant (no gradient flows through it). In place
+    on one temporary for the eager step; out of place otherwise (vmap has no batching
+    rule for the in-place comparison)."""
+    with torch.no_grad():
+        if o is InPlace:
+            mask = torch.mul(exp_avg, g).gt_(0)
+            return mask.div_(mask.mean().clamp_(min=1e-3))
+        agree = torch.mul(exp_avg, g) > 0
+        return agree / (agree.sum(dtype=g.dtype) / agree.numel()).clamp(min=1e-3)
+
+
+def _adan_step(
+    o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_diff: Tensor, exp_avg_sq: Tensor,
+    neg_pre_grad: Tensor, coefficients: tuple[Coef, ...], *, betas: tuple[Coef, Coef, Coef], eps: Coef,
+    weight_decay: Coef, caution: bool = False,
 ) -> tuple[Tensor, tuple[Tensor, ...]]:  # fmt: skip
     neg_step, neg_step_diff, bc3_sqrt, started, decay = coefficients
     beta1, beta2, beta3 = betas
-    diff = o.mul_(o.sub(g, prev_grad), started)
+    # as timm, neg_pre_grad holds the difference, then the Nesterov sum, then -g
+    diff = o.mul_(o.add_(neg_pre_grad, g), started)  # no difference at the first step
     exp_avg = o.lerp_(exp_avg, g, 1 - beta1)
     exp_avg_diff = o.add_(o.mul_(exp_avg_diff, beta2), diff, alpha=1 - beta2)
-    nesterov = o.add_(o.mul_(diff, beta2), g)  # g + b2 (g - g_prev), as timm
+    nesterov = o.add_(o.mul_(diff, beta2), g)  # g + b2 (g - g_prev)
     exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta3), nesterov, nesterov, value=1 - beta3)
-    prev_grad = o.copy_(prev_grad, g)
+    neg_pre_grad = o.mul_(o.copy_(nesterov, g), -1.0)
     denom = o.add_(o.div_(o.sqrt(exp_avg_sq), bc3_sqrt), eps)
     if nonzero(weight_decay):
         out = o.decay_(out, p, decay)
-    out = o.addcdiv_(out, exp_avg, denom, value=neg_step)
+    step = exp_avg
+    if caution:  # timm masks the first moment's term only, by its sign against the gradient's
+        step = o.mul(exp_avg, _caution_mask(o, exp_avg, g))
+    out = o.addcdiv_(out, step, denom, value=neg_step)
     out = o.addcdiv_(out, exp_avg_diff, denom, value=neg_step_diff)
-    return out, (exp_avg, exp_avg_diff, exp_avg_sq, prev_grad)
+    return out, (exp_avg, exp_avg_diff, exp_avg_sq, neg_pre_grad)
 
 
 def _check_betas(hyperparams: Hyperparams) -> None:
@@ -236,6 +284,21 @@ ADAN = Algorithm(
     bounds=_bounds(),  # betas is a triple, which the bounds' pairs cannot index: see validate
     validate=_check_betas,
 )
+
+CAUTIOUS_ADAN = Algorithm(
+    name="CautiousAdan",
+    state=AdanState,
+    counters=("step",),
+    initial=_adan_initial,
+    schedule=_adan_schedule,
+    elementwise=_cautious_adan_math,
+    bounds=_bounds(),
+    validate=_check_betas,
+    per_element=False,  # caution's mask is rescaled by its mean over the tensor
+)
+"""timm's Adan with ``caution`` (each param steps by itself); ``fo.Adan`` steps with it
+when any param group sets ``caution=True``, with `ADAN` otherwise (whose per-element
+math may step small params together, and refuses ``caution``)."""
 
 
 # ---------------------------------------------------------------- AdaBelief

@@ -19,9 +19,10 @@ from torch.optim.optimizer import ParamsT
 
 from ..algorithms.catalogue_more import ADEMAMIX, ADOPT, LARS, NADAMW, NOVOGRAD, SIGNUM, YOGI
 from ..algorithms.catalogue_more import MADGRAD as MADGRAD_ALGORITHM
-from ..algorithms.lamb_adan import ADABELIEF, ADAN, LAMB
+from ..algorithms.lamb_adan import ADABELIEF, ADAN, CAUTIOUS_ADAN, LAMB
 from .adapter import Optimizer
 from .fused import fused_flag
+from .package_state import TimmGroupStep
 
 __all__ = [
     "MADGRAD",
@@ -92,13 +93,14 @@ class _RenamesOldKeys(Optimizer):
         return new
 
 
-class Lamb(_RenamesOldKeys):
+class Lamb(TimmGroupStep, _RenamesOldKeys):
     """LAMB (You et al. 2020) as timm's ``Lamb`` (NVIDIA's FusedLAMB), with its arguments
     and defaults: Adam, then the layer-wise trust ratio ``|p| / |update|`` for params with
     weight decay (all of them with ``always_adapt``), after the gradients are divided by
     ``max(1, global norm / max_grad_norm)``, their norm over all param groups (None: no
     clip). `fo.lamb` is optax's LAMB: no clip, a trust ratio for every param. State keys:
-    ``step``, ``exp_avg``, ``exp_avg_sq``.
+    ``step``, ``exp_avg``, ``exp_avg_sq``; ``state_dict()`` adds timm's group ``step``, so
+    each class loads the other's state_dict.
 
     Example:
         >>> import torch, funcopt as fo
@@ -178,15 +180,18 @@ class Lamb(_RenamesOldKeys):
         return hyperparams if divisor is None else {**hyperparams, "grad_divisor": divisor}
 
 
-class Adan(_RenamesOldKeys):
+class Adan(TimmGroupStep, _RenamesOldKeys):
     """Adan (Xie et al. 2022) as timm's ``Adan``, with its arguments and defaults:
     ``betas=(b1, b2, b3)`` are decay rates (the paper's ``1 - beta``: its
     ``(0.02, 0.08, 0.01)`` is this default), and the weight decay is proximal (the param
     divided by ``1 + lr * weight_decay`` after the step; ``no_prox=True``: multiplied by
     ``1 - lr * weight_decay`` before it). `fo.adan` is optax's Adan, which weights the
     gradient difference by ``1 - b2`` where timm (and the paper) weight it by ``b2``.
-    timm's ``caution`` is not offered. State keys: ``step``, ``exp_avg``, ``exp_avg_diff``,
-    ``exp_avg_sq``, ``prev_grad`` (timm keeps ``neg_pre_grad``, its negative).
+    ``caution`` (Cautious Optimizers) masks the first moment's term where its sign is not
+    the gradient's, rescaled by the share kept in each tensor; with it, each param steps by
+    itself. State keys: timm's (``exp_avg``, ``exp_avg_diff``, ``exp_avg_sq``,
+    ``neg_pre_grad``) and ``step``; ``state_dict()`` adds timm's group ``step``, so each
+    class loads the other's state_dict.
 
     Example:
         >>> import torch, funcopt as fo
@@ -198,8 +203,15 @@ class Adan(_RenamesOldKeys):
         "0.m": "exp_avg",
         "0.v": "exp_avg_diff",
         "0.n": "exp_avg_sq",
-        "0.g": "prev_grad",
+        "0.g": "neg_pre_grad",  # optax's last gradient: negated in `_renamed`
     }
+    group_step_is_int = True  # timm's Adan counts its group's steps in a Python int
+
+    def _renamed(self, state: dict[str, Any]) -> dict[str, Any]:
+        new = super()._renamed(state)
+        if "0.g" in state:
+            new["neg_pre_grad"] = -state["0.g"]
+        return new
 
     def __init__(
         self,
@@ -209,6 +221,7 @@ class Adan(_RenamesOldKeys):
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         no_prox: bool = False,
+        caution: bool = False,
         *,
         foreach: bool | None = None,
         capturable: bool = False,
@@ -217,8 +230,29 @@ class Adan(_RenamesOldKeys):
     ) -> None:
         super().__init__(
             params, ADAN, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, no_prox=no_prox,
-            **_switches(foreach, capturable, differentiable, fused),
+            caution=caution, **_switches(foreach, capturable, differentiable, fused),
         )  # fmt: skip
+        self._pick_algorithm()
+
+    def _pick_algorithm(self) -> None:
+        """`CAUTIOUS_ADAN` (each param by itself) where a group has ``caution=True``, else
+        `ADAN` (whose per-element math may step small params together)."""
+        cautious = any(group.get("caution") for group in self.param_groups)
+        self._transform = CAUTIOUS_ADAN if cautious else ADAN
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        if hasattr(self, "_transform"):  # (torch's __init__ adds the first groups before it is set)
+            self._pick_algorithm()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._pick_algorithm()
+
+    def _step_group(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> None:
+        if group.get("caution") and self._transform is ADAN:  # set on the group since
+            self._pick_algorithm()
+        super()._step_group(group, params, grads)
 
 
 class AdaBelief(_RenamesOldKeys):

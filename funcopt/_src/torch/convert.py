@@ -13,6 +13,8 @@ between the two faces mid-training and go on as if it had not:
   it from the start (SGD's ``momentum_buffer``) it is what ``init`` makes; counters are as ``init`` makes them (0-d tensors on the
   param's device, float64 for float64 params) where torch keeps a float32 on the CPU.
 - ``fo.Optimizer(params, transform)``, any transformation: the state its ``init`` makes.
+- ``fo.Momo``, ``fo.SM3``, ``fo.PolyakSGD``, ``fo.Prodigy``, ``fo.DAdaptAdamW``: the state
+  of their functional forms (``fo.momo``, ...), see ``convert_stepped.py``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ..core.hyperparams import ScheduledState, _counter
 from ..engine.algorithm import REGISTRY, Algorithm
 from ..engine.bounds import normalize
 from ..engine.leaves import torch_counter
+from . import convert_stepped
 from .adapter import IMPLEMENTATION_FLAGS, Optimizer
 from .knobs import counters_on_device, knobs
 from .state import _slots, _stored, torch_state
@@ -73,6 +76,10 @@ def functional_state(optimizer: torch.optim.Optimizer, params: Params) -> State:
         >>> state.max_exp_avg_sq["bias"]  # no amsgrad: torch has no such key
         MaskedNode()
     """
+    if convert_stepped.converts(optimizer):  # fo.Momo, fo.SM3, fo.PolyakSGD, fo.Prodigy, fo.DAdaptAdamW
+        return convert_stepped.functional_state_of(
+            optimizer, *_matched(optimizer, params, "functional_state")
+        )
     face = _Face(optimizer)
     matched, treedef = _matched(optimizer, params, "functional_state")
     layout: tuple[list[tuple[str, bool]], Any] | None = None
@@ -163,6 +170,9 @@ def load_functional_state(optimizer: torch.optim.Optimizer, state: State, params
         >>> optimizer.state[params["w"]]["momentum_buffer"]
         tensor([1., 1.])
     """
+    if convert_stepped.converts(optimizer):
+        matched, treedef = _matched(optimizer, params, "load_functional_state")
+        return convert_stepped.load_functional_state_into(optimizer, state, matched, treedef)
     face = _Face(optimizer)
     matched, treedef = _matched(optimizer, params, "load_functional_state")
     if face.counts(matched) and isinstance(state, ScheduledState):

@@ -27,6 +27,7 @@ from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
 from ..catalogue.distance_math import IN_PLACE, Group, dadapt_step, prodigy_step
+from . import package_state
 from .catalogue_classes import _check
 
 __all__ = ["DAdaptAdamW", "Prodigy"]
@@ -73,6 +74,10 @@ class _Distance(torch.optim.Optimizer):
 
     def _group(self, group: dict[str, Any], active: bool) -> Group:
         raise NotImplementedError
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's ``load_state_dict``, which takes the authors' package's state_dict too."""
+        super().load_state_dict(package_state.from_package(self, state_dict))
 
     def _new_buffers(self, p: Tensor, group: dict[str, Any]) -> dict[str, Tensor]:
         zeros = lambda: torch.zeros_like(p, memory_format=torch.preserve_format)  # noqa: E731
