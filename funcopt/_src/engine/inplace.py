@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..core.base import SMALL, as_real
-from .ops import ForEach, Fresh, InPlace, TensorList
+from ..core.base import SMALL, as_complex, as_real
+from .ops import Borrowed, ForEach, Fresh, InPlace, TensorList
 
 SEGMENT = 1 << 19
 """Elements in a block of a large tensor; a tensor up to this size is one block."""
@@ -382,31 +382,23 @@ def fresh_step(algorithm: Any, coefficients: Any, hyperparams: Any, p: Tensor | 
 
 
 def fresh_lists(algorithm: Any, coefficients: Any, hyperparams: Any, columns: Sequence[Sequence[Any]]
-                ) -> tuple[list[Tensor], list[list[Tensor]]]:  # fmt: skip
+                ) -> tuple[list[Tensor], list[list[Tensor] | None]]:  # fmt: skip
     """`fresh_step` for a group of params with `ForEach` ops: ``(updates, new buffers)``
-    as new tensors, computed in place in fresh memory. `columns` holds the params (all
-    None for an update without params), their gradients, then each buffer; they are
-    only read."""
+    as new tensors. `columns` holds the params (all None for an update without params),
+    their gradients, then each buffer; they are only read: the buffers are `Borrowed`, so
+    the first op on each makes its new tensors, and the update is fresh memory."""
     ps, gs, *buffers = columns
     updates = [torch.empty_like(g if p is None else p) for p, g in zip(ps, gs)]
     torch._foreach_zero_(updates)
-    new: list[Any] = [
-        None if column[0] is None else [torch.empty_like(b) for b in column] for column in buffers
+    complex_ = gs[0].is_complex()
+    borrowed = [
+        None if c[0] is None else Borrowed([as_real(t) for t in c] if complex_ else c) for c in buffers
     ]
-    for targets, sources in zip(new, buffers):
-        if targets is not None:
-            torch._foreach_copy_(targets, list(sources))
-    run(
-        algorithm,
-        coefficients,
-        hyperparams,
-        _real(updates),
-        _real(ps),
-        _real(gs),
-        [_real(c) for c in new],
-        ForEach,
+    _, new = algorithm.elementwise(
+        ForEach, _real(updates), _real(ps), _real(gs), *borrowed, coefficients, **hyperparams
     )
-    return updates, new
+    back = as_complex if complex_ else None
+    return updates, [None if b is None else list(b) if back is None else [back(t) for t in b] for b in new]
 
 
 def _real(ts: Sequence[Any] | None) -> TensorList | None:

@@ -263,10 +263,20 @@ def _foreach(op: Any) -> Any:
     return lambda *args, **kwargs: TensorList(op(*args, **kwargs))
 
 
-def _foreach_(op: Any) -> Any:
-    """A ``torch._foreach_*_`` op, returning its (updated) first argument."""
+class Borrowed(TensorList):
+    """Buffers that `ForEach` ops only read: the first in-place op on them makes new
+    tensors instead (its out-of-place form, the same values), which later ops update in
+    place. The functional update's fresh buffers, with no copy of the old ones first."""
+
+
+def _foreach_(op: Any, out_of_place: Any = None) -> Any:
+    """A ``torch._foreach_*_`` op, returning its (updated) first argument; on `Borrowed`
+    tensors, `out_of_place` (``torch._foreach_*``, found by name by default)."""
+    new = out_of_place or getattr(torch, op.__name__.rstrip("_"))
 
     def apply(x: TensorList, *args: Any, **kwargs: Any) -> TensorList:
+        if type(x) is Borrowed:
+            return TensorList(new(x, *args, **kwargs))
         op(x, *args, **kwargs)
         return x
 
@@ -302,8 +312,13 @@ class ForEach:
     lt = staticmethod(_each(torch.lt))
     eq = staticmethod(_each(torch.eq))
     masked_fill = staticmethod(_each(torch.masked_fill))
-    masked_fill_ = staticmethod(_each(Tensor.masked_fill_))
     clamp_ = staticmethod(_clamp(_foreach_(torch._foreach_clamp_min_), _foreach_(torch._foreach_clamp_max_)))
+
+    @staticmethod
+    def masked_fill_(x: TensorList, mask: TensorList, value: Coef) -> TensorList:
+        if type(x) is Borrowed:
+            return _each(torch.masked_fill)(x, mask, value)
+        return _each(Tensor.masked_fill_)(x, mask, value)
 
     @staticmethod
     def new_param(out: TensorList, p: TensorList) -> TensorList:
@@ -324,7 +339,7 @@ class ForEach:
     addcmul_ = staticmethod(_foreach_(torch._foreach_addcmul_))
     addcdiv_ = staticmethod(_foreach_(torch._foreach_addcdiv_))
     maximum_ = staticmethod(_foreach_(torch._foreach_maximum_))
-    copy_ = staticmethod(_foreach_(torch._foreach_copy_))
+    copy_ = staticmethod(_foreach_(torch._foreach_copy_, lambda x, y: [t.clone() for t in y]))
     clone = staticmethod(_each(torch.clone))
     lerp = staticmethod(_foreach(torch._foreach_lerp))
     where = staticmethod(_each(torch.where))
@@ -333,7 +348,7 @@ class ForEach:
     @staticmethod
     def decay_(out: TensorList, p: TensorList, factor: Coef) -> TensorList:
         """`InPlace.decay_` on lists."""
-        torch._foreach_mul_(out, factor)
+        out = ForEach.mul_(out, factor)
         if out is not p:
             torch._foreach_add_(out, p, alpha=factor - 1)
         return out
