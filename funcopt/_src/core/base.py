@@ -269,12 +269,12 @@ def apply_updates(params: Params, updates: Updates) -> Params:
     )
     if (  # as usual, found list by list: tensors alike, dense, and nothing traces or records
         ps
+        and untraced({})  # (first: Dynamo traces no attrgetter)
         and {*map(type, ps), *map(type, us)} <= _PLAIN_TYPES
         and list(map(SHAPE, ps)) == list(map(SHAPE, us))
         and list(map(DTYPE, ps)) == list(map(DTYPE, us))
         and not any(map(IS_SPARSE, us))
         and not records(ps, us)
-        and untraced({})
     ):
         return unflatten(torch._foreach_add(ps, us))
     new = list(ps)  # a None update (or param) leaves the param as it is

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import operator
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -285,7 +286,7 @@ class Algorithm:
             if mixed is None:
                 raise
             raise mixed from error
-        return unflatten(updates), self.state(*(unflatten(c) for c in new_columns))
+        return unflatten(updates), self.state(*map(unflatten, new_columns))
 
     def update_leaves(
         self,
@@ -395,32 +396,35 @@ class Algorithm:
         create; the math is per element and its coefficients are numbers. Returns the new
         counters and the coefficients, or None where `_group_leaves` must look at each
         leaf (which also raises the errors)."""
+        # (maps, not comprehensions: this runs at every update, and costs per call)
         n = len(g_leaves)
-        if not self.per_element or not n or any([g is None for g in g_leaves]):
+        if not self.per_element or not n or any(map(_IS_NONE, g_leaves)):
             return None
-        gs = cast(Sequence[Tensor], g_leaves)
-        firsts = tuple(column[0] for column in counters)
-        if any([c is not first for column, first in zip(counters, firsts) for c in column]):
-            return None
+        gs = cast(list[Tensor], g_leaves)
+        firsts = tuple(map(_FIRST, counters))
+        for shared, first in zip(counters, firsts):
+            if not all(map(operator.is_, shared, itertools.repeat(first, n))):
+                return None
         shapes, dtypes = list(map(SHAPE, gs)), list(map(DTYPE, gs))
         with_params = p_leaves[0] is not None
-        if any([(p is None) == with_params for p in p_leaves]):
+        if _mixed(p_leaves, with_params):
             return None
         same = [cast(Sequence[Tensor], p_leaves)] if with_params else []  # what has the gradient's shape
         for column in buffer_columns:
             present = column[0] is not None
-            if any([(b is None) == present for b in column]):
+            if _mixed(column, present):
                 return None
             if present and self.buffers_like_param:
                 same.append(cast(Sequence[Tensor], column))
-        if any(list(map(IS_SPARSE, gs))) or dtypes.count(dtypes[0]) != n:
+        if any(map(IS_SPARSE, gs)) or dtypes.count(dtypes[0]) != n:
             return None
-        devices = [t.device for t in (same[0] if with_params else gs)]
+        devices = list(map(DEVICE, same[0] if with_params else gs))
         if devices.count(devices[0]) != n:
             return None
-        if not all(list(map(SHAPE, c)) == shapes and list(map(DTYPE, c)) == dtypes for c in same):
-            return None
-        if creating([column[0] for column in buffer_columns]):
+        for alike in same:
+            if list(map(SHAPE, alike)) != shapes or list(map(DTYPE, alike)) != dtypes:
+                return None
+        if creating(list(map(_FIRST, buffer_columns))):
             return None
         new, coefficients = self._schedule(firsts, hyperparams, False, {})
         if any([isinstance(c, Tensor) for c in coefficients]):
@@ -601,20 +605,13 @@ class Algorithm:
         Read values are looked up in `by_value` first: leaves whose counters are equal
         but not shared (a state moved with ``tree_map``) then get the same schedule,
         step in the same groups, and share their new counters."""
-        if not traceable and all(readable(c) for c in counters):
-            values = tuple(c.item() for c in counters)
-            dtypes = tuple(c.dtype for c in counters)
-            key = (values, dtypes, tuple(c.device for c in counters))
+        if not traceable and all(map(readable, counters)):
+            values = tuple(map(Tensor.item, counters))
+            dtypes = tuple(map(DTYPE, counters))
+            key = (values, dtypes, tuple(map(DEVICE, counters)))
             if key not in by_value:
                 new, coefficients = self.schedule(*values, counter_dtypes=dtypes, **hyperparams)
-                by_value[key] = (
-                    tuple(
-                        # a value computed from a tensor hyperparameter stays in its graph
-                        v.to(c.dtype) if isinstance(v, Tensor) else _counter(v, c)
-                        for v, c in zip(new, counters)
-                    ),
-                    coefficients,
-                )
+                by_value[key] = tuple(map(_counter, new, counters)), coefficients
             return by_value[key]
         new, coefficients = self.schedule(
             *(c.to(torch.float64) for c in counters), counter_dtypes=(None,) * len(counters), **hyperparams
@@ -654,11 +651,24 @@ class Algorithm:
 
 
 def _counter(value: Any, like: Tensor) -> Tensor:
-    """A new counter of `value`, a Python number, like the counter `like`."""
+    """A new counter of `value` like the counter `like`: from a Python number, or a tensor
+    (computed from a tensor hyperparameter, which stays in its graph)."""
+    if isinstance(value, Tensor):
+        return value.to(like.dtype)
     try:
         return torch.scalar_tensor(value, dtype=like.dtype, device=like.device)  # (the faster)
     except RuntimeError:  # a float that overflows the dtype: torch.tensor makes it inf
         return torch.tensor(value, dtype=like.dtype, device=like.device)
+
+
+_IS_NONE = functools.partial(operator.is_, None)
+_FIRST = operator.itemgetter(0)
+DEVICE = operator.attrgetter("device")
+
+
+def _mixed(leaves: Sequence[Any], present: bool) -> bool:
+    """Whether some of `leaves` are None and some not, where the first is `present`."""
+    return any(map(_IS_NONE, leaves)) if present else not all(map(_IS_NONE, leaves))
 
 
 def _holds_tensor(hyperparams: Hyperparams) -> bool:
