@@ -26,12 +26,17 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
-from ..catalogue.distance_math import IN_PLACE, Group, dadapt_step, prodigy_step
+from ..catalogue.distance_math import Group, ScratchLists, dadapt_step, prodigy_step
 from .catalogue_classes import _check
 
 __all__ = ["DAdaptAdamW", "Prodigy"]
 
 _SCALARS = ("estim_lr", "numerator_weighted", "count")
+_FSDP = (
+    "Prodigy: fsdp_in_use=True (sharded params) is not supported: fo.Prodigy sums over the params of this "
+    "process only, and would take each shard's own step size. Use prodigyopt.Prodigy with FSDP, or unsharded "
+    "params (DDP) with fo.Prodigy"
+)
 PART = 1 << 16
 """The most elements of a part of a group that the foreach ops step at once (a larger param
 steps alone): a large model's temporaries are then reused from step to step, where
@@ -68,7 +73,9 @@ class _Distance(torch.optim.Optimizer):
     shared: tuple[str, ...] = ()  # the hyperparameters the estimate reads: alike in all groups
     package = ""
 
-    def _math(self, parts: list[Any], lr: float, scalars: tuple[Any, ...]) -> Any:
+    def _math(self, parts: list[Any], lr: float, scalars: tuple[Any, ...]) -> dict[str, float] | None:
+        """The step over `parts`; the new scalars that every group keeps, None where the
+        step was skipped."""
         raise NotImplementedError
 
     def _group(self, group: dict[str, Any], active: bool) -> Group:
@@ -126,6 +133,15 @@ class _Distance(torch.optim.Optimizer):
 
     scale_hint = "."
 
+    @property
+    def _ops(self) -> ScratchLists:
+        """The step's list ops, with the buffer of its temporaries (made at the first step,
+        and again after pickling: torch's Optimizer pickles its state and groups only)."""
+        ops = self.__dict__.get("_scratch")
+        if ops is None:
+            ops = self.__dict__["_scratch"] = ScratchLists()
+        return ops
+
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One step of all param groups; `closure` (optional) recomputes the loss,
@@ -153,15 +169,17 @@ class _Distance(torch.optim.Optimizer):
         new = self._math(parts, lr, (estim_lr, numerator, count + 1))
         if new is not None:  # (None: no sum yet, no step, as the authors' packages)
             for group in self.param_groups:
-                group.update(estim_lr=new[0], numerator_weighted=new[1], count=count + 1)
+                group.update(new, count=count + 1)
         return loss
 
 
 class Prodigy(_Distance):
     """Prodigy (Mishchenko and Defazio 2023) with the constructor of the authors'
-    ``prodigyopt.Prodigy`` (its ``decouple=True``; no ``growth_rate`` or
-    ``fsdp_in_use``): it steps as ``prodigyopt`` to float64 round-off, one step size
-    for all param groups. A group may set its own ``weight_decay``, ``eps``, ``d0``
+    ``prodigyopt.Prodigy`` (its ``decouple=True``; ``fsdp_in_use=True`` is refused): it
+    steps as ``prodigyopt``, bit for bit, one step size for all param groups.
+    ``growth_rate`` (default inf) bounds the growth of the estimate ``d`` per step, as
+    ``prodigyopt``'s (1.02: a warmup); the largest estimate yet is kept as ``d_max``
+    with the other scalars, in every group. A group may set its own ``weight_decay``, ``eps``, ``d0``
     (which scales its sums, ``d / d0``), ``safeguard_warmup`` and ``slice_p`` (its sums
     over every ``slice_p``-th element of each param: ``grad_sum`` and ``params0`` hold
     those, flattened), and ``lr`` 0 (the
@@ -176,7 +194,7 @@ class Prodigy(_Distance):
     """
 
     buffers = ("exp_avg", "exp_avg_sq", "grad_sum", "params0")
-    shared = ("betas", "beta3", "d_coef", "use_bias_correction")
+    shared = ("betas", "beta3", "d_coef", "use_bias_correction", "growth_rate")
     package = "prodigyopt"
 
     def __init__(
@@ -191,15 +209,23 @@ class Prodigy(_Distance):
         safeguard_warmup: bool = False,
         d0: float = 1e-6,
         d_coef: float = 1.0,
+        growth_rate: float = float("inf"),
+        fsdp_in_use: bool = False,
         slice_p: int = 1,
     ) -> None:
         _check(lr, eps, weight_decay, betas)
         if isinstance(slice_p, bool) or not isinstance(slice_p, int) or slice_p < 1:
             raise ValueError(f"Invalid slice_p value: {slice_p!r} (a whole number, 1 or more)")
+        if not growth_rate > 0:
+            raise ValueError(
+                f"Invalid growth_rate value: {growth_rate!r} (the most d grows by a step: above 0)"
+            )
+        if fsdp_in_use:
+            raise ValueError(_FSDP)
         defaults = dict(
             lr=lr, betas=tuple(betas), beta3=beta3, eps=eps, weight_decay=weight_decay,
             use_bias_correction=use_bias_correction, safeguard_warmup=safeguard_warmup, d0=d0, d_coef=d_coef,
-            slice_p=slice_p,
+            growth_rate=growth_rate, slice_p=slice_p,
         )  # fmt: skip
         super().__init__(params, defaults)
 
@@ -221,6 +247,8 @@ class Prodigy(_Distance):
     def _check_state(self, group: dict[str, Any], ps: list[Tensor]) -> None:
         k = group.get("slice_p", 1)
         for p in ps:
+            if hasattr(p, "_fsdp_flattened"):
+                raise RuntimeError(_FSDP)
             if self.state[p]["grad_sum"].numel() != (p.numel() + k - 1) // k:
                 raise ValueError(
                     f"Prodigy: a param's grad_sum has {self.state[p]['grad_sum'].numel()} elements, not those of "
@@ -232,12 +260,20 @@ class Prodigy(_Distance):
         return Group(group["eps"], group["weight_decay"], d0=group["d0"], safeguard_warmup=group["safeguard_warmup"],
                      slice_p=group.get("slice_p", 1), active=active)  # fmt: skip
 
-    def _math(self, parts: list[Any], lr: float, scalars: tuple[Any, ...]) -> Any:
+    def _math(self, parts: list[Any], lr: float, scalars: tuple[Any, ...]) -> dict[str, float] | None:
         first = self.param_groups[0]
-        return prodigy_step(
-            IN_PLACE, parts, *scalars, lr=lr, betas=first["betas"], beta3=first["beta3"], d_coef=first["d_coef"],
-            bias_correction=first["use_bias_correction"], grad_step_at_beta1_0=True,
+        # (prodigyopt compares d with its last group's d0; a state_dict of the earlier
+        # class has no growth_rate or d_max: d is then the largest estimate yet)
+        growth = (
+            first.get("d_max", scalars[0]),
+            first.get("growth_rate", float("inf")),
+            self.param_groups[-1]["d0"],
+        )
+        new = prodigy_step(
+            self._ops, parts, *scalars, lr=lr, betas=first["betas"], beta3=first["beta3"], d_coef=first["d_coef"],
+            bias_correction=first["use_bias_correction"], grad_step_at_beta1_0=True, growth=growth,
         )[1]  # fmt: skip
+        return None if new is None else dict(zip(("estim_lr", "numerator_weighted", "d_max"), new))
 
 
 class DAdaptAdamW(_Distance):
@@ -287,13 +323,14 @@ class DAdaptAdamW(_Distance):
             group["eps"], group["weight_decay"], layer_scale=group.get("layer_scale", 1.0), active=active
         )
 
-    def _math(self, parts: list[Any], lr: float, scalars: tuple[Any, ...]) -> Any:
+    def _math(self, parts: list[Any], lr: float, scalars: tuple[Any, ...]) -> dict[str, float] | None:
         first = self.param_groups[0]
-        return dadapt_step(
-            IN_PLACE,
+        new = dadapt_step(
+            self._ops,
             parts,
             *scalars,
             lr=lr,
             betas=first["betas"],
             bias_correction=first["use_bias_correction"],
         )[1]
+        return None if new is None else dict(zip(("estim_lr", "numerator_weighted"), new))
