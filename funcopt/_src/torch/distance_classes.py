@@ -65,6 +65,10 @@ def _real(t: Tensor) -> Tensor:
     return torch.view_as_real(t) if t.is_complex() else t
 
 
+def _same(t: Tensor) -> Tensor:
+    return t
+
+
 class _Distance(torch.optim.Optimizer):
     """What the two classes share: the step over the params with a gradient, their
     buffers made at their first step, and the scalars kept in every group."""
@@ -85,13 +89,17 @@ class _Distance(torch.optim.Optimizer):
         zeros = lambda: torch.zeros_like(p, memory_format=torch.preserve_format)  # noqa: E731
         return {"exp_avg": zeros(), "exp_avg_sq": zeros(), "grad_sum": zeros()}
 
-    def _check_state(self, group: dict[str, Any], ps: list[Tensor]) -> None:
+    def _check_state(self, group: dict[str, Any], ps: list[Tensor], states: list[dict[str, Any]]) -> None:
         """Raise where a param's state does not fit the group's settings."""
 
     def _scalars(self) -> tuple[float, float, int]:
         """The scalars: the first group's that has them (taken out of the params' state
         where an earlier version's state_dict put them), started at ``d0``, 0 and 0."""
         for group in self.param_groups:
+            if (
+                "estim_lr" in group
+            ):  # (stepped, or this version's state_dict: no scalars in the params' state)
+                continue
             for p in group["params"]:
                 state = self.state.get(p, {})
                 if "estim_lr" in state:  # the fo.Optimizer-based classes' state
@@ -154,15 +162,19 @@ class _Distance(torch.optim.Optimizer):
         parts = []
         for group in self.param_groups:
             ps = [p for p in group["params"] if p.grad is not None]
+            states = []
             for p in ps:
                 if p.grad.is_sparse:
                     raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
-                if not self.state[p]:
-                    self.state[p].update(self._new_buffers(p, group))
+                state = self.state[p]  # (a Python-level hash of the tensor: once)
+                if not state:
+                    state.update(self._new_buffers(p, group))
+                states.append(state)
             if ps:
-                self._check_state(group, ps)
-                lists = [[_real(p) for p in ps], [_real(p.grad) for p in ps]]
-                lists += [[_real(self.state[p][k]) for p in ps] for k in self.buffers]
+                self._check_state(group, ps, states)
+                real = _real if any(p.is_complex() for p in ps) else _same
+                lists = [[real(p) for p in ps], [real(p.grad) for p in ps]]
+                lists += [[real(state[k]) for state in states] for k in self.buffers]
                 options = self._group(group, float(group["lr"]) > 0)
                 parts += [(options, *part) for part in _parts(lists)]
         estim_lr, numerator, count = self._scalars()
@@ -244,14 +256,14 @@ class Prodigy(_Distance):
         return {"exp_avg": zeros(), "exp_avg_sq": zeros(), "grad_sum": torch.zeros_like(sliced),
                 "params0": sliced.clone()}  # fmt: skip
 
-    def _check_state(self, group: dict[str, Any], ps: list[Tensor]) -> None:
+    def _check_state(self, group: dict[str, Any], ps: list[Tensor], states: list[dict[str, Any]]) -> None:
         k = group.get("slice_p", 1)
-        for p in ps:
+        for p, state in zip(ps, states):
             if hasattr(p, "_fsdp_flattened"):
                 raise RuntimeError(_FSDP)
-            if self.state[p]["grad_sum"].numel() != (p.numel() + k - 1) // k:
+            if state["grad_sum"].numel() != (p.numel() + k - 1) // k:
                 raise ValueError(
-                    f"Prodigy: a param's grad_sum has {self.state[p]['grad_sum'].numel()} elements, not those of "
+                    f"Prodigy: a param's grad_sum has {state['grad_sum'].numel()} elements, not those of "
                     f"every {k}-th of its {p.numel()} (its group's slice_p): keep a group's slice_p from its "
                     "first step on"
                 )
