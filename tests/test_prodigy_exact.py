@@ -102,9 +102,9 @@ def test_prodigy_growth_rate_state_dict_resumes():
         assert torch.equal(a, b)
 
 
-def test_prodigy_copied_or_pickled_steps_on():
-    """The buffer of the temporaries is no state: a copy, or an optimizer pickled and
-    loaded, steps as the original."""
+def test_prodigy_copied_steps_on():
+    """The buffer of the temporaries is no state: a deep copy (torch's Optimizer copies
+    and pickles its state and groups only) makes its own and steps as the original."""
     ps, copy_ps = make_params(), make_params()
     opt = fo.Prodigy(ps)
     run(opt, ps, 3)
@@ -130,14 +130,15 @@ def test_prodigy_refuses_fsdp_and_bad_growth_rate():
         run(opt, ps, 1)
 
 
-def test_dadapt_adamw_bit_for_bit_float32():
+@pytest.mark.parametrize(
+    "options", [{}, {"use_bias_correction": True}, {"betas": (0.8, 0.99), "d0": 1e-3, "weight_decay": 0.01}]
+)
+def test_dadapt_adamw_bit_for_bit_float32(options):
     dadaptation = pytest.importorskip("dadaptation")
     second = {"weight_decay": 0.1, "layer_scale": 0.5}
     theirs_ps, ours_ps = make_params(), make_params()
-    theirs = quiet(
-        lambda: dadaptation.DAdaptAdam(groups(theirs_ps, **second), decouple=True, weight_decay=0.01)
-    )
-    ours = fo.DAdaptAdamW(groups(ours_ps, **second), weight_decay=0.01)
+    theirs = quiet(lambda: dadaptation.DAdaptAdam(groups(theirs_ps, **second), decouple=True, **options))
+    ours = fo.DAdaptAdamW(groups(ours_ps, **second), **options)
     run(theirs, theirs_ps, 20)
     run(ours, ours_ps, 20)
     assert ours.param_groups[0]["estim_lr"] == theirs.param_groups[0]["d"] > 1e-6

@@ -291,8 +291,8 @@ class Prodigy(_Distance):
 class DAdaptAdamW(_Distance):
     """D-Adaptation AdamW (Defazio and Mishchenko 2023) with the constructor of the
     authors' ``dadaptation.DAdaptAdam(decouple=True)`` (no ``growth_rate``,
-    ``log_every`` or ``fsdp_in_use``): it steps as ``dadaptation`` to float64
-    round-off, one step size for all param groups. A group may set its own
+    ``log_every`` or ``fsdp_in_use``): it steps as ``dadaptation``, bit for bit, one
+    step size for all param groups. A group may set its own
     ``weight_decay``, ``eps`` and ``layer_scale`` (default 1: the weight of its sums and
     its step, as ``dadaptation``'s), and ``lr`` 0 (the others' lr else); ``betas``,
     ``d0`` and ``use_bias_correction`` are the same in all. With
