@@ -96,9 +96,8 @@ class _Distance(torch.optim.Optimizer):
         """The scalars: the first group's that has them (taken out of the params' state
         where an earlier version's state_dict put them), started at ``d0``, 0 and 0."""
         for group in self.param_groups:
-            if (
-                "estim_lr" in group
-            ):  # (stepped, or this version's state_dict: no scalars in the params' state)
+            # (stepped, or this version's state_dict: no scalars in the params' state)
+            if "estim_lr" in group:
                 continue
             for p in group["params"]:
                 state = self.state.get(p, {})
@@ -191,11 +190,11 @@ class Prodigy(_Distance):
     steps as ``prodigyopt``, bit for bit, one step size for all param groups.
     ``growth_rate`` (default inf) bounds the growth of the estimate ``d`` per step, as
     ``prodigyopt``'s (1.02: a warmup); the largest estimate yet is kept as ``d_max``
-    with the other scalars, in every group. A group may set its own ``weight_decay``, ``eps``, ``d0``
-    (which scales its sums, ``d / d0``), ``safeguard_warmup`` and ``slice_p`` (its sums
-    over every ``slice_p``-th element of each param: ``grad_sum`` and ``params0`` hold
-    those, flattened), and ``lr`` 0 (the
-    others' lr else); ``betas``, ``beta3``, ``d_coef`` and ``use_bias_correction`` are
+    with the other scalars, in every group. A group may set its own ``weight_decay``,
+    ``eps``, ``d0`` (which scales its sums, ``d / d0``), ``safeguard_warmup`` and
+    ``slice_p`` (its sums over every ``slice_p``-th element of each param: ``grad_sum``
+    and ``params0`` hold those, flattened), and ``lr`` 0 (the others' lr else);
+    ``betas``, ``beta3``, ``d_coef``, ``use_bias_correction`` and ``growth_rate`` are
     the same in all. With ``use_bias_correction=True`` and one group it is optax's
     ``prodigy``. The functional form is `fo.prodigy` (``bias_correction=False`` for
     this class's default).
