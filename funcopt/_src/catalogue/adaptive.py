@@ -211,7 +211,7 @@ def _prodigy_update(
         lr=_at(learning_rate, state.count), betas=(betas[0], betas[1]), beta3=beta3, d_coef=estim_lr_coef,
         bias_correction=bias_correction,
     )  # fmt: skip
-    estim_lr, numerator = cast(tuple[Tensor, Tensor], scalars)  # (PURE never skips)
+    estim_lr, numerator, _ = cast(tuple[Tensor, Tensor, Tensor], scalars)  # (PURE never skips)
     out, exp_avg, exp_avg_sq, grad_sum, _ = put_back(out, *buffers)
     dtype = state.estim_lr.dtype
     new = ProdigyState(

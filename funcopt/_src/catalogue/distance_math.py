@@ -28,9 +28,9 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from ..engine.ops import ForEach, Pure, nonzero
+from ..engine.ops import ForEach, Pure, TensorList, nonzero
 
-__all__ = ["IN_PLACE", "PURE", "Group", "dadapt_step", "prodigy_step"]
+__all__ = ["IN_PLACE", "PURE", "Group", "ScratchLists", "dadapt_step", "prodigy_step"]
 
 Coef = Any  # a Python number (IN_PLACE) or a 0-d tensor (PURE)
 
@@ -42,31 +42,40 @@ def _stacked(values: Sequence[Tensor]) -> Tensor:
     )
 
 
-def _host_sum(values: Sequence[Tensor]) -> float:
-    """The sum of 0-d tensors as a Python number, read once (in float64)."""
-    return torch.stack(list(values)).sum(dtype=torch.float64).item() if values else 0.0
+def _values(values: list[Tensor]) -> list[float]:
+    """0-d tensors as Python numbers, read at once (each exactly)."""
+    return torch.stack(values).tolist() if len(values) > 1 else [v.item() for v in values]
 
 
 class InPlaceLists(ForEach):
     """`ForEach` with the sums over a group that Prodigy and D-Adaptation need."""
 
     @staticmethod
-    def dot(xs: Sequence[Tensor], ys: Sequence[Tensor]) -> float:
-        """``sum_i <xs[i], ys[i]>`` (real tensors), read on the host."""
-        return _host_sum([torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(xs, ys)])
-
-    @staticmethod
     def dots(pairs: Sequence[tuple[Sequence[Tensor], Sequence[Tensor]]]) -> tuple[float, ...]:
-        """`dot` of each pair of lists, read on the host at once."""
+        """``sum_i <xs[i], ys[i]>`` of each pair of lists (real tensors), read on the host
+        at once."""
         sums = [
             _stacked([torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(xs, ys)]) for xs, ys in pairs
         ]
         return tuple(torch.stack(sums).tolist())
 
     @staticmethod
-    def l1(xs: Sequence[Tensor]) -> float:
-        """``sum_i |xs[i]|_1``, read on the host."""
-        return _host_sum([x.abs().sum() for x in xs])  # (foreach_norm's ord 1: 2x slower on CPU)
+    def add_dot(total: float, coef: float, xs: Sequence[Tensor], ys: Sequence[Tensor]) -> float:
+        """`total` plus `coef` times each ``<xs[i], ys[i]>`` (real tensors), one by one
+        in double precision, as the authors' packages add them up (their ``.item()``);
+        the inner products read on the host at once."""
+        for value in _values([torch.dot(x.reshape(-1), y.reshape(-1)) for x, y in zip(xs, ys)]):
+            total += coef * value
+        return total
+
+    def add_l1(self, total: float, coef: float, xs: Sequence[Tensor]) -> float:
+        """`total` plus `coef` times each ``|xs[i]|_1``, one by one, as `add_dot`."""
+        for value in _values(self._abs_sums(xs)):
+            total += coef * value
+        return total
+
+    def _abs_sums(self, xs: Sequence[Tensor]) -> list[Tensor]:
+        return [x.abs().sum() for x in xs]  # (foreach_norm's ord 1: 2x slower on CPU)
 
     maximum = staticmethod(max)
 
@@ -81,6 +90,55 @@ class InPlaceLists(ForEach):
         """Whether the L1 sum is 0 (no gradient yet, or every group at lr 0): the
         authors' step then leaves the params (and the estimate) as they are."""
         return l1 == 0
+
+
+class ScratchLists(InPlaceLists):
+    """`InPlaceLists` whose temporaries (``sub``, ``sqrt`` and the ``abs`` of ``l1``) over
+    a list of one tensor (a param larger than a part of the classes' groups, which steps
+    alone) are written into a buffer per dtype and device, kept from step to step: each
+    drop-in class owns one. Its step then maps no new memory: on CPU, a temporary as
+    large as a param, allocated anew, can come fresh from the OS (page faults: 1.5x
+    ``prodigyopt``'s step on 24M float32 elements), depending on what else the process
+    allocated. The parts of small params keep the foreach ops (a buffer's view per param
+    costs more than their small temporaries). The values are those of the allocating
+    ops, bit for bit. A result lives until the next call of one of these ops (the steps
+    below use each before the next)."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[tuple[torch.device, torch.dtype], Tensor] = {}
+        self.views: dict[tuple[torch.device, torch.dtype, torch.Size], Tensor] = {}  # (slicing costs ~8 us)
+
+    def _out(self, xs: Sequence[Tensor]) -> Tensor | None:
+        """A view of the buffer of the shape of the one tensor in `xs`; None where `xs`
+        holds several, or a non-contiguous one."""
+        if len(xs) != 1 or not xs[0].is_contiguous():
+            return None
+        x = xs[0]
+        key = (x.device, x.dtype, x.shape)
+        view = self.views.get(key)
+        if view is None:
+            buffer = self.buffers.get(key[:2])
+            if buffer is None or buffer.numel() < x.numel():
+                buffer = self.buffers[key[:2]] = torch.empty(x.numel(), dtype=x.dtype, device=x.device)
+                self.views = {
+                    k: v for k, v in self.views.items() if k[:2] != key[:2]
+                }  # (views of the old one)
+            view = self.views[key] = buffer[: x.numel()].view(x.shape)
+        return view
+
+    def sub(self, xs: Sequence[Tensor], ys: Sequence[Tensor]) -> TensorList:
+        """``xs - ys``."""
+        out = self._out(xs)
+        return ForEach.sub(xs, ys) if out is None else TensorList([torch.sub(xs[0], ys[0], out=out)])
+
+    def sqrt(self, xs: Sequence[Tensor]) -> TensorList:
+        """``sqrt(xs)``."""
+        out = self._out(xs)
+        return ForEach.sqrt(xs) if out is None else TensorList([torch.sqrt(xs[0], out=out)])
+
+    def _abs_sums(self, xs: Sequence[Tensor]) -> list[Tensor]:
+        out = self._out(xs)
+        return super()._abs_sums(xs) if out is None else [torch.abs(xs[0], out=out).sum()]
 
 
 def _mapped(op: Callable[..., Any]) -> Any:
@@ -122,8 +180,12 @@ class PureLists:
         return tuple(PureLists.dot(xs, ys) for xs, ys in pairs)
 
     @staticmethod
-    def l1(xs: Sequence[Tensor]) -> Tensor:
-        return _tensor_sum([x.abs().sum() for x in xs])
+    def add_dot(total: Coef, coef: Coef, xs: Sequence[Tensor], ys: Sequence[Tensor]) -> Tensor:
+        return total + coef * PureLists.dot(xs, ys)
+
+    @staticmethod
+    def add_l1(total: Coef, coef: Coef, xs: Sequence[Tensor]) -> Tensor:
+        return total + coef * _tensor_sum([x.abs().sum() for x in xs])
 
     @staticmethod
     def maximum(a: Tensor, b: Tensor) -> Tensor:
@@ -169,19 +231,23 @@ the group a `Group`, the others lists."""
 def prodigy_step(
     o: Any, parts: list[Part], estim_lr: Coef, numerator_weighted: Coef, step: Coef, *, lr: Coef,
     betas: tuple[Coef, Coef], beta3: Coef | None, d_coef: Coef, bias_correction: bool,
-    grad_step_at_beta1_0: bool = False,
-) -> tuple[list[Part], tuple[Coef, Coef] | None]:  # fmt: skip
+    grad_step_at_beta1_0: bool = False, growth: tuple[float, float, float] | None = None,
+) -> tuple[list[Part], tuple[Coef, Coef, Coef] | None]:  # fmt: skip
     """Prodigy's step (``prodigyopt``'s with ``decouple=True``; optax's ``prodigy`` with
     `bias_correction`) at `step` (from 1): ``d`` is `estim_lr`, each group's ``d0`` its
     first value in that group's ratio ``d / d0``. `parts` hold the buffers ``exp_avg,
     exp_avg_sq, grad_sum, params0`` (the last two of every ``slice_p``-th element of each
     param, flattened, where a group's ``slice_p`` is above 1); the moments of every part are taken before the new
-    ``d`` steps any. Returns, per part, ``(out, *new buffers)``, and the new ``d`` and
-    ``numerator_weighted``; None for these where the sums are 0 read on the host (no
-    gradient yet): the params are then not stepped, as in ``prodigyopt``. With
-    `grad_step_at_beta1_0` and ``betas[0] = 0``, the params step along the gradient
+    ``d`` steps any. Returns, per part, ``(out, *new buffers)``, and the new ``d``,
+    ``numerator_weighted`` and ``d_max``; None for these where the sums are 0 read on
+    the host (no gradient yet): the params are then not stepped, as in ``prodigyopt``.
+    With `grad_step_at_beta1_0` and ``betas[0] = 0``, the params step along the gradient
     times the new ``d``, as ``prodigyopt``'s (optax's along its momentum, the old ``d``
-    times the gradient)."""
+    times the gradient). `growth` (Python numbers: `IN_PLACE` only) is ``(d_max,
+    growth_rate, d0)``: ``d`` then grows by at most `growth_rate` a step towards the
+    largest estimate yet, ``d_max``, except from its first value `d0`, as
+    ``prodigyopt``'s ``growth_rate``; without it, ``d`` is the largest estimate yet (an
+    infinite `growth_rate`)."""
     beta1, beta2 = betas
     b3 = beta2**0.5 if beta3 is None else beta3
     d = estim_lr
@@ -192,17 +258,25 @@ def prodigy_step(
             ratio = d / group.d0
             sliced_gs = o.sliced(gs, group.slice_p)  # (gs itself for slice_p 1)
             travelled = o.sub(params0, o.sliced(ps, group.slice_p))  # (the params not moved yet)
-            delta = delta + ratio * dlr * o.dot(sliced_gs, travelled)
+            delta = o.add_dot(delta, ratio * dlr, sliced_gs, travelled)
+            del travelled
             exp_avg = o.add_(o.mul_(exp_avg, beta1), gs, alpha=d * (1 - beta1))
             exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), gs, gs, value=d * d * (1 - beta2))
             alpha = ratio * (d if group.safeguard_warmup else dlr)
             grad_sum = o.add_(o.mul_(grad_sum, b3), sliced_gs, alpha=alpha)
-            l1 = l1 + o.l1(grad_sum)
+            l1 = o.add_l1(l1, 1.0, grad_sum)
         moved.append((group, out, ps, gs, exp_avg, exp_avg_sq, grad_sum, params0))
     if o.no_sum(l1):
         return [(out, *buffers) for _, out, _, _, *buffers in moved], None
     numerator = b3 * numerator_weighted + delta
-    new_d = o.maximum(d, d_coef * numerator / l1)
+    d_hat = d_coef * numerator / l1
+    if growth is None:
+        new_d = d_max = o.maximum(d, d_hat)
+    else:  # (prodigyopt's lines, as they are)
+        d_max, growth_rate, d0 = growth
+        new_d = max(d, d_hat) if d == d0 else d
+        d_max = max(d_max, d_hat)
+        new_d = min(d_max, new_d * growth_rate)
     stepped = []
     for group, out, ps, gs, exp_avg, exp_avg_sq, grad_sum, params0 in moved:
         denom = o.add_(o.sqrt(exp_avg_sq), new_d * group.eps)  # the new estimate scales eps
@@ -212,8 +286,9 @@ def prodigy_step(
             out = o.addcdiv_(out, gs, denom, value=-dlr * new_d)
         else:
             out = o.addcdiv_(out, exp_avg, denom, value=-dlr)
+        del denom
         stepped.append((out, exp_avg, exp_avg_sq, grad_sum, params0))
-    return stepped, (new_d, numerator)
+    return stepped, (new_d, numerator, d_max)
 
 
 def dadapt_step(
@@ -232,15 +307,15 @@ def dadapt_step(
         if group.active:
             r = group.layer_scale
             denom = o.add_(o.sqrt(exp_avg_sq), group.eps)  # the old moments
-            acum = acum + r * o.dot(gs, o.div(grad_sum, denom))
+            acum = o.add_dot(acum, r * dlr, gs, o.div(grad_sum, denom))
             exp_avg = o.add_(o.mul_(exp_avg, beta1), gs, alpha=r * dlr * (1 - beta1))
             exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), gs, gs, value=1 - beta2)
             grad_sum = o.add_(o.mul_(grad_sum, sb2), gs, alpha=dlr * (1 - sb2))
-            l1 = l1 + r * o.l1(grad_sum)
+            l1 = o.add_l1(l1, r, grad_sum)
         moved.append((group, out, ps, exp_avg, exp_avg_sq, grad_sum))
     if o.no_sum(l1):
         return [(out, *buffers) for _, out, _, *buffers in moved], None
-    numerator = sb2 * numerator_weighted + (1 - sb2) * dlr * acum
+    numerator = sb2 * numerator_weighted + (1 - sb2) * acum
     new_d = o.maximum(estim_lr, numerator / ((1 - sb2) * l1))
     stepped = []
     for group, out, ps, exp_avg, exp_avg_sq, grad_sum in moved:

@@ -26,13 +26,18 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import ParamsT
 
-from ..catalogue.distance_math import IN_PLACE, Group, dadapt_step, prodigy_step
+from ..catalogue.distance_math import Group, ScratchLists, dadapt_step, prodigy_step
 from . import package_state
 from .catalogue_classes import _check
 
 __all__ = ["DAdaptAdamW", "Prodigy"]
 
 _SCALARS = ("estim_lr", "numerator_weighted", "count")
+_FSDP = (
+    "Prodigy: fsdp_in_use=True (sharded params) is not supported: fo.Prodigy sums over the params of this "
+    "process only, and would take each shard's own step size. Use prodigyopt.Prodigy with FSDP, or unsharded "
+    "params (DDP) with fo.Prodigy"
+)
 PART = 1 << 16
 """The most elements of a part of a group that the foreach ops step at once (a larger param
 steps alone): a large model's temporaries are then reused from step to step, where
@@ -61,6 +66,10 @@ def _real(t: Tensor) -> Tensor:
     return torch.view_as_real(t) if t.is_complex() else t
 
 
+def _same(t: Tensor) -> Tensor:
+    return t
+
+
 class _Distance(torch.optim.Optimizer):
     """What the two classes share: the step over the params with a gradient, their
     buffers made at their first step, and the scalars kept in every group."""
@@ -69,7 +78,9 @@ class _Distance(torch.optim.Optimizer):
     shared: tuple[str, ...] = ()  # the hyperparameters the estimate reads: alike in all groups
     package = ""
 
-    def _math(self, parts: list[Any], lr: float, scalars: tuple[Any, ...]) -> Any:
+    def _math(self, parts: list[Any], lr: float, scalars: tuple[Any, ...]) -> dict[str, float] | None:
+        """The step over `parts`; the new scalars that every group keeps, None where the
+        step was skipped."""
         raise NotImplementedError
 
     def _group(self, group: dict[str, Any], active: bool) -> Group:
@@ -83,13 +94,16 @@ class _Distance(torch.optim.Optimizer):
         zeros = lambda: torch.zeros_like(p, memory_format=torch.preserve_format)  # noqa: E731
         return {"exp_avg": zeros(), "exp_avg_sq": zeros(), "grad_sum": zeros()}
 
-    def _check_state(self, group: dict[str, Any], ps: list[Tensor]) -> None:
+    def _check_state(self, group: dict[str, Any], ps: list[Tensor], states: list[dict[str, Any]]) -> None:
         """Raise where a param's state does not fit the group's settings."""
 
     def _scalars(self) -> tuple[float, float, int]:
         """The scalars: the first group's that has them (taken out of the params' state
         where an earlier version's state_dict put them), started at ``d0``, 0 and 0."""
         for group in self.param_groups:
+            # (stepped, or this version's state_dict: no scalars in the params' state)
+            if "estim_lr" in group:
+                continue
             for p in group["params"]:
                 state = self.state.get(p, {})
                 if "estim_lr" in state:  # the fo.Optimizer-based classes' state
@@ -131,6 +145,15 @@ class _Distance(torch.optim.Optimizer):
 
     scale_hint = "."
 
+    @property
+    def _ops(self) -> ScratchLists:
+        """The step's list ops, with the buffer of its temporaries (made at the first step,
+        and again after pickling: torch's Optimizer pickles its state and groups only)."""
+        ops = self.__dict__.get("_scratch")
+        if ops is None:
+            ops = self.__dict__["_scratch"] = ScratchLists()
+        return ops
+
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One step of all param groups; `closure` (optional) recomputes the loss,
@@ -143,34 +166,40 @@ class _Distance(torch.optim.Optimizer):
         parts = []
         for group in self.param_groups:
             ps = [p for p in group["params"] if p.grad is not None]
+            states = []
             for p in ps:
                 if p.grad.is_sparse:
                     raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
-                if not self.state[p]:
-                    self.state[p].update(self._new_buffers(p, group))
+                state = self.state[p]  # (a Python-level hash of the tensor: once)
+                if not state:
+                    state.update(self._new_buffers(p, group))
+                states.append(state)
             if ps:
-                self._check_state(group, ps)
-                lists = [[_real(p) for p in ps], [_real(p.grad) for p in ps]]
-                lists += [[_real(self.state[p][k]) for p in ps] for k in self.buffers]
+                self._check_state(group, ps, states)
+                real = _real if any(p.is_complex() for p in ps) else _same
+                lists = [[real(p) for p in ps], [real(p.grad) for p in ps]]
+                lists += [[real(state[k]) for state in states] for k in self.buffers]
                 options = self._group(group, float(group["lr"]) > 0)
                 parts += [(options, *part) for part in _parts(lists)]
         estim_lr, numerator, count = self._scalars()
         new = self._math(parts, lr, (estim_lr, numerator, count + 1))
         if new is not None:  # (None: no sum yet, no step, as the authors' packages)
             for group in self.param_groups:
-                group.update(estim_lr=new[0], numerator_weighted=new[1], count=count + 1)
+                group.update(new, count=count + 1)
         return loss
 
 
 class Prodigy(_Distance):
     """Prodigy (Mishchenko and Defazio 2023) with the constructor of the authors'
-    ``prodigyopt.Prodigy`` (its ``decouple=True``; no ``growth_rate`` or
-    ``fsdp_in_use``): it steps as ``prodigyopt`` to float64 round-off, one step size
-    for all param groups. A group may set its own ``weight_decay``, ``eps``, ``d0``
-    (which scales its sums, ``d / d0``), ``safeguard_warmup`` and ``slice_p`` (its sums
-    over every ``slice_p``-th element of each param: ``grad_sum`` and ``params0`` hold
-    those, flattened), and ``lr`` 0 (the
-    others' lr else); ``betas``, ``beta3``, ``d_coef`` and ``use_bias_correction`` are
+    ``prodigyopt.Prodigy`` (its ``decouple=True``; ``fsdp_in_use=True`` is refused): it
+    steps as ``prodigyopt``, bit for bit, one step size for all param groups.
+    ``growth_rate`` (default inf) bounds the growth of the estimate ``d`` per step, as
+    ``prodigyopt``'s (1.02: a warmup); the largest estimate yet is kept as ``d_max``
+    with the other scalars, in every group. A group may set its own ``weight_decay``,
+    ``eps``, ``d0`` (which scales its sums, ``d / d0``), ``safeguard_warmup`` and
+    ``slice_p`` (its sums over every ``slice_p``-th element of each param: ``grad_sum``
+    and ``params0`` hold those, flattened), and ``lr`` 0 (the others' lr else);
+    ``betas``, ``beta3``, ``d_coef``, ``use_bias_correction`` and ``growth_rate`` are
     the same in all. With ``use_bias_correction=True`` and one group it is optax's
     ``prodigy``. The functional form is `fo.prodigy` (``bias_correction=False`` for
     this class's default).
@@ -181,7 +210,7 @@ class Prodigy(_Distance):
     """
 
     buffers = ("exp_avg", "exp_avg_sq", "grad_sum", "params0")
-    shared = ("betas", "beta3", "d_coef", "use_bias_correction")
+    shared = ("betas", "beta3", "d_coef", "use_bias_correction", "growth_rate")
     package = "prodigyopt"
 
     def __init__(
@@ -196,15 +225,23 @@ class Prodigy(_Distance):
         safeguard_warmup: bool = False,
         d0: float = 1e-6,
         d_coef: float = 1.0,
+        growth_rate: float = float("inf"),
+        fsdp_in_use: bool = False,
         slice_p: int = 1,
     ) -> None:
         _check(lr, eps, weight_decay, betas)
         if isinstance(slice_p, bool) or not isinstance(slice_p, int) or slice_p < 1:
             raise ValueError(f"Invalid slice_p value: {slice_p!r} (a whole number, 1 or more)")
+        if not growth_rate > 0:
+            raise ValueError(
+                f"Invalid growth_rate value: {growth_rate!r} (the most d grows by a step: above 0)"
+            )
+        if fsdp_in_use:
+            raise ValueError(_FSDP)
         defaults = dict(
             lr=lr, betas=tuple(betas), beta3=beta3, eps=eps, weight_decay=weight_decay,
             use_bias_correction=use_bias_correction, safeguard_warmup=safeguard_warmup, d0=d0, d_coef=d_coef,
-            slice_p=slice_p,
+            growth_rate=growth_rate, slice_p=slice_p,
         )  # fmt: skip
         super().__init__(params, defaults)
 
@@ -223,12 +260,14 @@ class Prodigy(_Distance):
         return {"exp_avg": zeros(), "exp_avg_sq": zeros(), "grad_sum": torch.zeros_like(sliced),
                 "params0": sliced.clone()}  # fmt: skip
 
-    def _check_state(self, group: dict[str, Any], ps: list[Tensor]) -> None:
+    def _check_state(self, group: dict[str, Any], ps: list[Tensor], states: list[dict[str, Any]]) -> None:
         k = group.get("slice_p", 1)
-        for p in ps:
-            if self.state[p]["grad_sum"].numel() != (p.numel() + k - 1) // k:
+        for p, state in zip(ps, states):
+            if hasattr(p, "_fsdp_flattened"):
+                raise RuntimeError(_FSDP)
+            if state["grad_sum"].numel() != (p.numel() + k - 1) // k:
                 raise ValueError(
-                    f"Prodigy: a param's grad_sum has {self.state[p]['grad_sum'].numel()} elements, not those of "
+                    f"Prodigy: a param's grad_sum has {state['grad_sum'].numel()} elements, not those of "
                     f"every {k}-th of its {p.numel()} (its group's slice_p): keep a group's slice_p from its "
                     "first step on"
                 )
@@ -237,19 +276,27 @@ class Prodigy(_Distance):
         return Group(group["eps"], group["weight_decay"], d0=group["d0"], safeguard_warmup=group["safeguard_warmup"],
                      slice_p=group.get("slice_p", 1), active=active)  # fmt: skip
 
-    def _math(self, parts: list[Any], lr: float, scalars: tuple[Any, ...]) -> Any:
+    def _math(self, parts: list[Any], lr: float, scalars: tuple[Any, ...]) -> dict[str, float] | None:
         first = self.param_groups[0]
-        return prodigy_step(
-            IN_PLACE, parts, *scalars, lr=lr, betas=first["betas"], beta3=first["beta3"], d_coef=first["d_coef"],
-            bias_correction=first["use_bias_correction"], grad_step_at_beta1_0=True,
+        # (prodigyopt compares d with its last group's d0; a state_dict of the earlier
+        # class has no growth_rate or d_max: d is then the largest estimate yet)
+        growth = (
+            first.get("d_max", scalars[0]),
+            first.get("growth_rate", float("inf")),
+            self.param_groups[-1]["d0"],
+        )
+        new = prodigy_step(
+            self._ops, parts, *scalars, lr=lr, betas=first["betas"], beta3=first["beta3"], d_coef=first["d_coef"],
+            bias_correction=first["use_bias_correction"], grad_step_at_beta1_0=True, growth=growth,
         )[1]  # fmt: skip
+        return None if new is None else dict(zip(("estim_lr", "numerator_weighted", "d_max"), new))
 
 
 class DAdaptAdamW(_Distance):
     """D-Adaptation AdamW (Defazio and Mishchenko 2023) with the constructor of the
     authors' ``dadaptation.DAdaptAdam(decouple=True)`` (no ``growth_rate``,
-    ``log_every`` or ``fsdp_in_use``): it steps as ``dadaptation`` to float64
-    round-off, one step size for all param groups. A group may set its own
+    ``log_every`` or ``fsdp_in_use``): it steps as ``dadaptation``, bit for bit, one
+    step size for all param groups. A group may set its own
     ``weight_decay``, ``eps`` and ``layer_scale`` (default 1: the weight of its sums and
     its step, as ``dadaptation``'s), and ``lr`` 0 (the others' lr else); ``betas``,
     ``d0`` and ``use_bias_correction`` are the same in all. With
@@ -292,13 +339,14 @@ class DAdaptAdamW(_Distance):
             group["eps"], group["weight_decay"], layer_scale=group.get("layer_scale", 1.0), active=active
         )
 
-    def _math(self, parts: list[Any], lr: float, scalars: tuple[Any, ...]) -> Any:
+    def _math(self, parts: list[Any], lr: float, scalars: tuple[Any, ...]) -> dict[str, float] | None:
         first = self.param_groups[0]
-        return dadapt_step(
-            IN_PLACE,
+        new = dadapt_step(
+            self._ops,
             parts,
             *scalars,
             lr=lr,
             betas=first["betas"],
             bias_correction=first["use_bias_correction"],
         )[1]
+        return None if new is None else dict(zip(("estim_lr", "numerator_weighted"), new))
