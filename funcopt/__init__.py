@@ -56,7 +56,7 @@ from ._src.core.base import (
     chain,
 )
 from ._src.core.hyperparams import ScheduledState
-from ._src.engine.algorithm import Algorithm, Bound
+from ._src.engine.algorithm import Algorithm, Bound, Check
 from ._src.meta import inner_loop
 from ._src.scan_loop import scan_inner_loop
 from ._src.torch import catalogue_classes as _catalogue_classes
@@ -119,6 +119,7 @@ __all__ = [
     "ASGD",
     "Algorithm",
     "Bound",
+    "Check",
     "ASGDState",
     "Adadelta",
     "AdadeltaState",

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from ..core.base import GradientTransformation, Params, readable
 from ..engine.algorithm import Algorithm
-from ..engine.bounds import Bound, Hyperparams, check_pair
+from ..engine.bounds import Bound, Check, Hyperparams, check_pair
 from ..engine.ops import Coef, Ops, nonzero, power
 
 
@@ -235,11 +235,9 @@ ADAFACTOR = Algorithm(
     initial=_initial,
     schedule=_schedule,
     elementwise=_elementwise,
-    bounds=(Bound("lr", "Learning rate should be >= 0 but is: {}"),),
+    bounds=(Bound("lr", "Learning rate should be >= 0 but is: {}"), Check(_validate, pairs=("eps",))),
     per_element=False,  # per-tensor norms and a matrix product
     buffers_like_param=False,
-    validate=_validate,
-    pairs=("eps",),
     needs_params=True,  # the step size scales with the param's RMS
 )
 

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from ..core.base import Params
 from ..engine.algorithm import Algorithm
-from ..engine.bounds import Bound, Hyperparams
+from ..engine.bounds import Bound, Check, Hyperparams
 from ..engine.ops import Coef, Ops, nonzero, power
 from .sgd import DampedFromSecondStep, momentum_step
 from .sgd import _validate as sgd_validate
@@ -306,8 +306,7 @@ ADEMAMIX = Algorithm(
     initial=_ademamix_initial,
     schedule=_adam_schedule,  # -lr and the bias corrections of betas[0], betas[1]
     elementwise=_ademamix_math,
-    bounds=_bounds(),  # betas is a triple, which the bounds' pairs cannot index: see validate
-    validate=_check_three_betas,
+    bounds=(*_bounds(), Check(_check_three_betas)),  # betas is a triple, which a Bound cannot index
 )
 
 
@@ -381,9 +380,9 @@ LARS = DampedFromSecondStep(
         Bound("lr", "Invalid learning rate: {}"),
         Bound("momentum", "Invalid momentum value: {}"),
         Bound("weight_decay", "Invalid weight_decay value: {}"),
+        Check(sgd_validate),  # SGD's Nesterov rule
     ),
     per_element=False,  # the trust ratio: norms of the param and its gradient
-    validate=sgd_validate,  # SGD's Nesterov rule
     needs_params=True,  # the param's norm
 )
 

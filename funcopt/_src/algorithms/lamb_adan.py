@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ..core.base import Params
 from ..engine.algorithm import Algorithm
-from ..engine.bounds import Bound, Hyperparams
+from ..engine.bounds import Bound, Check, Hyperparams
 from ..engine.ops import Coef, InPlace, Ops, nonzero, power
 
 __all__ = ["ADABELIEF", "ADAN", "CAUTIOUS_ADAN", "LAMB", "AdaBeliefState", "AdanState", "LambState"]
@@ -281,8 +281,7 @@ ADAN = Algorithm(
     initial=_adan_initial,
     schedule=_adan_schedule,
     elementwise=_adan_math,
-    bounds=_bounds(),  # betas is a triple, which the bounds' pairs cannot index: see validate
-    validate=_check_betas,
+    bounds=(*_bounds(), Check(_check_betas)),  # betas is a triple, which a Bound cannot index
 )
 
 CAUTIOUS_ADAN = Algorithm(
@@ -292,8 +291,7 @@ CAUTIOUS_ADAN = Algorithm(
     initial=_adan_initial,
     schedule=_adan_schedule,
     elementwise=_cautious_adan_math,
-    bounds=_bounds(),
-    validate=_check_betas,
+    bounds=(*_bounds(), Check(_check_betas)),
     per_element=False,  # caution's mask is rescaled by its mean over the tensor
 )
 """timm's Adan with ``caution`` (each param steps by itself); ``fo.Adan`` steps with it

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..core.base import GradientTransformation, Params
 from ..engine.algorithm import Algorithm
-from ..engine.bounds import Bound, Hyperparams
+from ..engine.bounds import Bound, Check, Hyperparams
 from ..engine.ops import Coef, Ops, _cast, nonzero
 
 DEFAULT_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch's (Keller Jordan's) a, b, c
@@ -175,9 +175,9 @@ MUON = Algorithm(
         Bound("lr", "Learning rate should be >= 0 but is: {}"),
         Bound("momentum", "momentum should be >= 0 but is: {}"),
         Bound("weight_decay", "weight decay should be >= 0 but is: {}"),
+        Check(_validate),
     ),
     per_element=False,  # matrix products and a norm of the whole param
-    validate=_validate,
 )
 
 

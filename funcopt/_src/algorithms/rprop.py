@@ -20,7 +20,7 @@ from torch import Tensor
 
 from ..core.base import GradientTransformation, Params
 from ..engine.algorithm import Algorithm
-from ..engine.bounds import Bound, Hyperparams, check_pair
+from ..engine.bounds import Bound, Check, Hyperparams, check_pair
 from ..engine.ops import Coef, Ops
 
 
@@ -87,9 +87,7 @@ RPROP = Algorithm(
     initial=_initial,
     schedule=_schedule,
     elementwise=_elementwise,
-    bounds=(Bound("lr", "Invalid learning rate: {}"),),
-    validate=_validate,
-    pairs=("etas", "step_sizes"),
+    bounds=(Bound("lr", "Invalid learning rate: {}"), Check(_validate, pairs=("etas", "step_sizes"))),
 )
 
 

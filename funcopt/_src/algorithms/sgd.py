@@ -23,7 +23,7 @@ from torch import Tensor
 from ..core.base import GradientTransformation, Params
 from ..core.hyperparams import with_schedules
 from ..engine.algorithm import Algorithm
-from ..engine.bounds import Bound, Hyperparams
+from ..engine.bounds import Bound, Check, Hyperparams
 from ..engine.ops import Coef, Ops, nonzero
 
 
@@ -139,9 +139,9 @@ SGD_ = DampedFromSecondStep(
         Bound("lr", "Invalid learning rate: {}", nan_passes=True),
         Bound("momentum", "Invalid momentum value: {}", nan_passes=True),
         Bound("weight_decay", "Invalid weight_decay value: {}", nan_passes=True),
+        Check(_validate),  # the Nesterov rule
     ),
     sparse=True,
-    validate=_validate,
 )
 
 

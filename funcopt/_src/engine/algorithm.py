@@ -22,7 +22,8 @@ An algorithm file (see ``nadam.py``) gives:
   the per-tensor math, written once against ``o`` (see ``ops.py``). It reads ``p`` for
   weight decay only: ``p`` is None in an update without params, which ``update`` allows
   only without weight decay.
-- ``bounds``: torch's range checks, in torch's order.
+- ``bounds``: torch's checks, in torch's order: range checks (`Bound`), and any other
+  rule (`Check`).
 
 A buffer may be absent, as torch.optim creates some state keys only for some options
 (Adam's ``max_exp_avg_sq`` with ``amsgrad``) or only at the first step (SGD's
@@ -75,7 +76,7 @@ from ..core.base import (
 )
 from ..core.hyperparams import has_schedule, with_schedules
 from . import inplace
-from .bounds import Bound, Hyperparams, Prepared, normalize
+from .bounds import Bound, Check, Hyperparams, Prepared, normalize
 from .leaves import (
     _keep,
     check_param,
@@ -152,26 +153,25 @@ class Algorithm:
     initial: Callable[..., Sequence[Any]]
     schedule: Callable[..., tuple[tuple[Any, ...], tuple[Any, ...]]]
     elementwise: Callable[..., tuple[Any, Sequence[Any]]]
-    bounds: tuple[Bound, ...]
+    bounds: tuple[Bound | Check, ...]
     sparse: bool = False  # accepts sparse gradients
     # Each element's update depends on that element alone (no per-tensor reductions),
     # so the adapters may concatenate small tensors and step them together.
     per_element: bool = True
     buffers_like_param: bool = True  # every buffer is shaped like its param (not Adafactor's)
-    # torch's checks that are no simple bound (SGD's nesterov), after the bounds; it reads
-    # Python numbers only (a tensor may be batched or traced)
-    validate: Callable[[Hyperparams], None] | None = None
-    # the hyperparameters that are pairs: those the bounds index (betas), and these (Rprop's
-    # etas and step_sizes, which `validate` checks)
-    pairs: tuple[str, ...] = ()
     needs_params: bool = False  # the math reads the params beyond weight decay (ASGD's average)
     fields: tuple[str, ...] = field(init=False)
+    # the hyperparameters that are pairs: those a bound indexes (betas) or a check reads
+    pairs: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fields", tuple(self.state._fields))
         object.__setattr__(self, "update_names", self._names())
-        indexed = {b.key: None for b in self.bounds if b.index is not None}
-        object.__setattr__(self, "pairs", tuple({**indexed, **dict.fromkeys(self.pairs)}))
+        pairs = [
+            *(b.key for b in self.bounds if isinstance(b, Bound) and b.index is not None),
+            *(key for b in self.bounds if isinstance(b, Check) for key in b.pairs),
+        ]
+        object.__setattr__(self, "pairs", tuple(dict.fromkeys(pairs)))
         # a saved state loads with torch.load's default weights_only=True
         torch.serialization.add_safe_globals([self.state])
         REGISTRY.setdefault(self.name, self)
@@ -193,8 +193,9 @@ class Algorithm:
             raise ValueError("Tensor lr must be 1-element")
         for bound in self.bounds:
             bound.check(hyperparams, tensors)
-        if self.validate is not None:
-            self.validate(hyperparams)
+        legacy = self.__dict__.get("validate")  # a user's algorithm pickled before `Check`
+        if legacy is not None:
+            legacy(hyperparams)
 
     def check_sparse_grad(self, hyperparams: Hyperparams) -> None:
         """torch's checks of a sparse gradient, run for every param before any changes."""

@@ -1,9 +1,10 @@
-"""torch.optim's range checks of hyperparameters (`Bound`), and the checks of pairs (betas)."""
+"""torch.optim's checks of hyperparameters: the range of one (`Bound`), any other rule
+(`Check`), and the checks of pairs (betas)."""
 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,21 @@ class Bound:
             ok = value <= self.high if self.inclusive else value < self.high
         if not ok:
             raise ValueError(self.message.format(value))
+
+
+@dataclass(frozen=True)
+class Check:
+    """A check of the hyperparameters that is no simple range (SGD's Nesterov rule, Rprop's
+    etas), run in its place among an algorithm's bounds: ``rule(hyperparams)`` raises
+    torch's exception. It reads Python numbers only (a tensor may be batched or traced).
+    `pairs` names the hyperparameters it reads as pairs (Rprop's ``etas``), which, given
+    as one tensor of 2 elements, become tuples of 0-d tensors."""
+
+    rule: Callable[[Hyperparams], None]
+    pairs: tuple[str, ...] = ()
+
+    def check(self, hyperparams: Hyperparams, tensors: bool) -> None:
+        self.rule(hyperparams)
 
 
 def check_pair(key: str, value: Any) -> None:
