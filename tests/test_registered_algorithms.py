@@ -112,7 +112,7 @@ def away_from_defaults(algorithm: Algorithm, defaults: dict[str, Any]) -> dict[s
             return value  # counts (Muon's ns_steps)
         return 0.05 if key == "lr" or value == 0 else 0.8 * value
 
-    bounded = {b.key for b in algorithm.bounds}
+    bounded = {b.key for b in algorithm.bounds if isinstance(b, fo.Bound)}
     return {k: away(k, v) for k, v in defaults.items() if k in bounded or isinstance(v, float)}
 
 
@@ -537,6 +537,7 @@ BOUND_CASES = [
     for c in CASES
     if c.label == "defaults"
     for bound in c.algorithm.bounds
+    if isinstance(bound, fo.Bound)  # (a Check's rule has tests of its own)
     for value in bad_values(bound)
 ]
 
