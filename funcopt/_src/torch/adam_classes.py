@@ -121,7 +121,9 @@ class Adam(KernelOptimizer):
         list-wise (hundreds of tiny params)."""
         if not grads:
             return
-        tensor_lr = bool(group.get("foreach")) and isinstance(group["lr"], Tensor) and not group.get("capturable")
+        tensor_lr = (
+            bool(group.get("foreach")) and isinstance(group["lr"], Tensor) and not group.get("capturable")
+        )
         if grads[0].is_sparse if tensor_lr else any(map(IS_SPARSE, grads)):
             raise RuntimeError("Adam does not support sparse gradients, please consider SparseAdam instead")
         if tensor_lr:
@@ -275,7 +277,11 @@ class SparseAdam(Optimizer):
         return super()._group_hyperparams({"maximize": False, **group})  # torch's group.get
 
     def _step_group(
-        self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor], states: list[Any] | None = None
+        self,
+        group: dict[str, Any],
+        params: list[Tensor],
+        grads: list[Tensor],
+        states: list[Any] | None = None,
     ) -> None:
         if any(not g.is_sparse for g in grads):  # before any param changes
             raise RuntimeError(DENSE_GRADIENT)

@@ -63,7 +63,11 @@ class KernelOptimizer(Optimizer):
         return super()._unscale_for_amp()
 
     def _step_group(
-        self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor], states: list[Any] | None = None
+        self,
+        group: dict[str, Any],
+        params: list[Tensor],
+        grads: list[Tensor],
+        states: list[Any] | None = None,
     ) -> None:
         if not group.get("fused") or torch.compiler.is_compiling():
             super()._step_group(group, params, grads, states)
@@ -80,7 +84,9 @@ class KernelOptimizer(Optimizer):
         try:
             if states is None:
                 states = list(map(self.state.get, params))
-            STEPS[algorithm.name](group, params, grads, _States(self.state, params, states), grad_scale, found_inf)
+            STEPS[algorithm.name](
+                group, params, grads, _States(self.state, params, states), grad_scale, found_inf
+            )
         except RuntimeError as error:  # torch's error names no tensor and no cause
             converted = _converted(algorithm, params, [self.state.get(p, {}) for p in params])
             if converted is None:
