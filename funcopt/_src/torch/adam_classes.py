@@ -12,6 +12,7 @@ from torch.optim.optimizer import ParamsT, _to_scalar
 from ..algorithms.adam import ADAM, ADAMW
 from ..algorithms.radam import RADAM
 from ..algorithms.sparse_adam import DENSE_GRADIENT, SPARSE_ADAM
+from ..core.base import IS_SPARSE
 from ..engine.bounds import Hyperparams
 from ..engine.leaves import scalar_dtype
 from .adapter import Optimizer
@@ -57,6 +58,7 @@ class Adam(KernelOptimizer):
     with torch's fused class, whose kernels it calls (see ``torch_kernels.py``)."""
 
     _algorithm = ADAM
+    _sparse_refused = True  # (by `_check_grads`)
 
     def __init__(
         self,
@@ -112,18 +114,20 @@ class Adam(KernelOptimizer):
             hyperparams["beta1_in_param_dtype"] = True
         return hyperparams
 
-    def _init_group(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> bool:
+    def _check_grads(self, group: dict[str, Any], grads: list[Tensor]) -> None:
         """torch's checks of each step: no sparse gradients (with torch's message), and
-        no tensor lr with foreach and not capturable (a group added or changed later)."""
-        for p in group["params"]:
-            if p.grad is not None:
-                if p.grad.is_sparse:
-                    raise RuntimeError(
-                        "Adam does not support sparse gradients, please consider SparseAdam instead"
-                    )
-                if group.get("foreach") and isinstance(group["lr"], Tensor) and not group.get("capturable"):
-                    raise RuntimeError(_TENSOR_LR_FOREACH)
-        return super()._init_group(group, params, grads)
+        no tensor lr with foreach and not capturable (a group added or changed later).
+        As torch's loop raises at the first param with a gradient that fails one, read
+        list-wise (hundreds of tiny params)."""
+        if not grads:
+            return
+        tensor_lr = (
+            bool(group.get("foreach")) and isinstance(group["lr"], Tensor) and not group.get("capturable")
+        )
+        if grads[0].is_sparse if tensor_lr else any(map(IS_SPARSE, grads)):
+            raise RuntimeError("Adam does not support sparse gradients, please consider SparseAdam instead")
+        if tensor_lr:
+            raise RuntimeError(_TENSOR_LR_FOREACH)
 
 
 class AdamW(Adam):
@@ -272,7 +276,13 @@ class SparseAdam(Optimizer):
     def _group_hyperparams(self, group: dict[str, Any]) -> dict[str, Any]:
         return super()._group_hyperparams({"maximize": False, **group})  # torch's group.get
 
-    def _step_group(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> None:
+    def _step_group(
+        self,
+        group: dict[str, Any],
+        params: list[Tensor],
+        grads: list[Tensor],
+        states: list[Any] | None = None,
+    ) -> None:
         if any(not g.is_sparse for g in grads):  # before any param changes
             raise RuntimeError(DENSE_GRADIENT)
         # the engine steps tensor counters: a Python step goes there and back, its type kept
@@ -281,7 +291,7 @@ class SparseAdam(Optimizer):
         for s, _ in numbers:
             s["step"] = torch.tensor(float(s["step"]), dtype=torch.float64)
         try:
-            super()._step_group(group, params, grads)
+            super()._step_group(group, params, grads, states)
         finally:
             for s, kind in numbers:
                 s["step"] = kind(s["step"].item())

@@ -275,17 +275,21 @@ class Optimizer(torch.optim.Optimizer):
         self._closure_value = loss.detach() if isinstance(loss, Tensor) else loss
         with torch.set_grad_enabled(bool(self.defaults.get("differentiable", False))):
             runs = self._unscale_for_amp()
+            # eager steps take each param's state dict from `_init_group`, which looks it up
+            # anyway: one lookup per param, as torch's step (a traced step takes no dicts)
+            eager = not torch.compiler.is_compiling()
             for group in self.param_groups:
                 params: list[Tensor] = []
                 grads: list[Tensor] = []
-                listed_twice = self._init_group(group, params, grads)  # creates missing state
+                states: list[Any] | None = [] if eager else None
+                listed_twice = self._init_group(group, params, grads, states)  # creates missing state
                 if not runs:
                     continue
                 if listed_twice:
                     for listing in _listings(params, grads):
                         self._step_group(group, *listing)
                 elif params:
-                    self._step_group(group, params, grads)
+                    self._step_group(group, params, grads, states)
         return loss
 
     # An LR scheduler replaces ``optimizer.step`` with a wrapper that records the call in
@@ -311,30 +315,65 @@ class Optimizer(torch.optim.Optimizer):
                 grad.div_(grad_scale.to(grad.device))
         return True
 
-    def _init_group(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> bool:
+    def _init_group(
+        self,
+        group: dict[str, Any],
+        params: list[Tensor],
+        grads: list[Tensor],
+        states: list[Any] | None = None,
+    ) -> bool:
         """Collect a group's params that have a gradient, and their gradients, and
-        create their state where it is missing. Returns whether a param is listed more
-        than once (see `_listings`). torch.compile runs a method of this name eagerly
-        while it traces a step (as for torch.optim's classes), so the first compiled step
-        already sees the state and a second step does not recompile.
+        create their state where it is missing; `states`, where given, receives each
+        collected param's state dict (None where it has none: a stateless step). Returns
+        whether a param is listed more than once (see `_listings`). torch.compile runs a
+        method of this name eagerly while it traces a step (as for torch.optim's
+        classes), so the first compiled step already sees the state and a second step
+        does not recompile.
 
         It also records that step was called, for an LR scheduler (see `step`): here, not
         in step, because torch.compile drops a traced step's writes to the optimizer's
-        attributes (torch 2.13), and runs this method eagerly."""
+        attributes (torch 2.13), and runs this method eagerly.
+
+        Each pass over the params is list-wise (hundreds of tiny params): the gradients,
+        their checks (`_check_grads`), one state lookup per param, and state made only
+        for the params without."""
+        for p in group["params"]:
+            g = p.grad
+            if g is not None:
+                params.append(p)
+                grads.append(g)
+        self._check_grads(group, grads)
         self._opt_called = True
         # torch keeps no entry for a param with no state (SGD without momentum, until the
         # step creates its buffer): nothing to make, at every step
         algorithm = self._transform
         stateless = isinstance(algorithm, Algorithm) and algorithm.stateless(self.defaults)
-        for p in group["params"]:
-            if p.grad is not None:
-                params.append(p)
-                grads.append(p.grad)
-                if not stateless and not self.state.get(p):
-                    new = self._new_state(p, group)
-                    if new:
-                        self.state[p].update(new)
-        return len({id(p) for p in params}) != len(params)
+        if stateless and not self.state:
+            found: list[Any] = [None] * len(params)
+        else:
+            found = list(map(self.state.get, params))
+            if not stateless and not all(found):
+                for i, p in enumerate(params):
+                    if not found[i]:
+                        found[i] = self._made_state(p, group)
+        if states is not None:
+            states.extend(found)
+        return len(set(map(id, params))) != len(params)
+
+    def _made_state(self, p: Tensor, group: dict[str, Any]) -> dict[str, Any] | None:
+        """`p`'s state, made where it has none (or an empty one); None where the new
+        state is empty (torch keeps no entry then)."""
+        s = self.state.get(p)
+        if not s:  # (looked up again: a param listed twice has it from its first listing)
+            new = self._new_state(p, group)
+            if new:
+                s = self.state[p]
+                s.update(new)
+        return s
+
+    def _check_grads(self, group: dict[str, Any], grads: list[Tensor]) -> None:
+        """Raise where torch's class refuses a group's gradients (a subclass's checks),
+        before any state is made."""
 
     def _make_transform(self, hyperparams: Hyperparams) -> GradientTransformation:
         if isinstance(self._transform, GradientTransformation):
@@ -412,10 +451,18 @@ class Optimizer(torch.optim.Optimizer):
                 if not per_param and name in saved:
                     saved[name] = shared.setdefault(name, value)
 
-    def _step_group(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> None:
+    def _step_group(
+        self,
+        group: dict[str, Any],
+        params: list[Tensor],
+        grads: list[Tensor],
+        states: list[Any] | None = None,
+    ) -> None:
         # a param with no state yet gets a dict of its own, kept if the step fills it (an
-        # optimizer that keeps no state, SGD without momentum, looks up no param)
-        states: list[Any] = list(map(self.state.get, params)) if self.state else [None] * len(params)
+        # optimizer that keeps no state, SGD without momentum, looks up no param);
+        # `states`: the params' state dicts, as `_init_group` found them
+        if states is None:
+            states = list(map(self.state.get, params)) if self.state else [None] * len(params)
         fresh = [i for i, s in enumerate(states) if s is None] if None in states else []
         for i in fresh:
             states[i] = {}
