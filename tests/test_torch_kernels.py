@@ -245,6 +245,27 @@ def test_state_of_another_dtype_says_what_to_do():
         opt.step()
 
 
+@pytest.mark.parametrize("name", ["Adam", "AdamW", "SGD", "Adagrad"])
+def test_a_param_resized_after_its_state_raises(name):
+    """torch's fused kernels check no shape, and its class steps a param resized after its
+    state was made (reading past the smaller tensor); the kernel step raises, changing nothing."""
+    p = torch.nn.Parameter(torch.ones(6))
+    opt = getattr(fo, name)([p], lr=0.1, fused=True, **({"momentum": 0.9} if name == "SGD" else {}))
+    p.grad = torch.ones(6)
+    opt.step()
+    before = copy.deepcopy(opt.state_dict())
+    p.data, p.grad = torch.ones(3), torch.ones(3)
+    with pytest.raises(
+        ValueError, match=r"shape \(3,\) has a state buffer of shape \(6,\).*del optimizer.state"
+    ):
+        opt.step()
+    assert torch.equal(p.detach(), torch.ones(3))
+    torch.testing.assert_close(opt.state_dict(), before, rtol=0, atol=0)
+    p.data = torch.ones(6)  # a gradient left from before the resize
+    with pytest.raises(ValueError, match=r"has a gradient of shape \(3,\).*gradient anew"):
+        opt.step()
+
+
 def test_other_classes_keep_their_fused_step(monkeypatch):
     """Only the four classes call torch's kernels; a class torch does not fuse keeps
     fused.py's compiled kernels."""

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import _device_dtype_check_for_fused
 
-from ..core.base import DTYPE, IS_SPARSE
+from ..core.base import DTYPE, IS_SPARSE, SHAPE
 from ..engine.algorithm import Algorithm
 from .adapter import Optimizer
 from .fused import _dense
@@ -188,6 +188,7 @@ def run(kernel: Kernel, params: list[Tensor], grads: list[Tensor], buffers: list
     kernel takes none), once per device and dtype, as torch's ``_fused_*`` functions do.
     A tensor lr on a GPU goes to each device (`move_lr`; torch's SGD leaves it as is)."""
     columns = [list(params), list(grads), *(list(column) for column in buffers)]
+    _check_shapes(columns)
     written = [True, grad_scale is not None] + [True] * len(buffers)
     back = _lay_out(columns, written)
     lists: list[list[Tensor]] = columns if steps is None else [*columns, steps]
@@ -261,6 +262,27 @@ def _to(cache: dict[torch.device, Tensor], t: Any, device: torch.device) -> Any:
     if device not in cache:
         cache[device] = t.to(device, non_blocking=True)
     return cache[device]
+
+
+def _check_shapes(columns: list[list[Tensor]]) -> None:
+    """Raise where a gradient or buffer is shaped unlike its param (the param replaced or
+    resized after they were made: ``param.data = ...``). torch's fused kernels check no
+    shape: they would read a smaller tensor out of its bounds. Compared as lists (hundreds
+    of tiny params), then param by param for the message."""
+    shapes = list(map(SHAPE, columns[0]))
+    for j, column in enumerate(columns[1:]):
+        if not column or list(map(SHAPE, column)) == shapes:
+            continue
+        i = next(i for i, (t, shape) in enumerate(zip(column, shapes)) if t.shape != shape)
+        wrong, fix = (
+            ("a gradient", "Compute its gradient anew")
+            if j == 0
+            else ("a state buffer", "Clear its state (`del optimizer.state[param]`) to start it afresh")
+        )
+        raise ValueError(
+            f"fused step: a param of shape {tuple(shapes[i])} has {wrong} of shape {tuple(column[i].shape)}: "
+            f"the param was replaced or resized after that was made (`param.data = ...`). {fix}."
+        )
 
 
 def _lay_out(columns: list[list[Tensor]], written: list[bool]) -> list[tuple[Tensor, Tensor]]:
