@@ -249,10 +249,16 @@ class Adan(TimmGroupStep, _RenamesOldKeys):
         super().load_state_dict(state_dict)
         self._pick_algorithm()
 
-    def _step_group(self, group: dict[str, Any], params: list[Tensor], grads: list[Tensor]) -> None:
+    def _step_group(
+        self,
+        group: dict[str, Any],
+        params: list[Tensor],
+        grads: list[Tensor],
+        states: list[Any] | None = None,
+    ) -> None:
         if group.get("caution") and self._transform is ADAN:  # set on the group since
             self._pick_algorithm()
-        super()._step_group(group, params, grads)
+        super()._step_group(group, params, grads, states)
 
 
 class AdaBelief(_RenamesOldKeys):
