@@ -158,8 +158,10 @@ def _elementwise(
             )
         second = max_exp_avg_sq = o.maximum_(max_exp_avg_sq, exp_avg_sq)
     if root_of_quotient or nonzero(eps_root):  # optax's sqrt(v / bc2 + eps_root)
-        quotient = o.div(second, bias_correction2)
-        denom = o.add_(o.sqrt_(o.add_(quotient, eps_root) if nonzero(eps_root) else quotient), eps)
+        denom = o.div(second, bias_correction2)  # (each temporary freed as soon as it is used)
+        if nonzero(eps_root):
+            denom = o.add_(denom, eps_root)
+        denom = o.add_(o.sqrt_(denom), eps)
     else:  # torch's sqrt(v) / sqrt(bc2)
         denom = o.add_(o.div_(o.sqrt(second), bias_correction2_sqrt), eps)
     if nesterov:  # no tensor alpha: the `Pure` and in-place ops then round alike
