@@ -56,7 +56,7 @@ from ..core.base import EmptyState, GradientTransformation
 from ..core.hyperparams import ScheduledState, _at
 from ..engine import inplace
 from ..engine.leaves import group_by
-from ..engine.ops import TensorList, nonzero
+from ..engine.ops import TensorList
 from ..transforms import blocks as transforms
 from ..transforms import moments
 from ..transforms.blocks import ScaleByScheduleState, WeightDecaySchedule, _increment
@@ -323,7 +323,7 @@ def _ema(planner: _Planner, node: Any, decay: Any, debias: bool, accumulator_dty
 def _adam(
     planner: _Planner, node: Any, b1: Any, b2: Any, eps: Any, eps_root: Any, mu_dtype: Any, nesterov: bool
 ) -> bool:
-    if mu_dtype is not None or not _adam_rounds_alike(planner, b1, b2, eps_root):
+    if mu_dtype is not None or not _adam_rounds_alike(planner, b1, b2):
         return False
     if (count := planner.count_of(node, ScaleByAdamState)) is None:
         return False
@@ -331,14 +331,11 @@ def _adam(
     return planner.add(moments._adam_math(b2, nesterov), (node.mu, node.nu), scalars)
 
 
-def _adam_rounds_alike(planner: _Planner, b1: Any, b2: Any, eps_root: Any) -> bool:
+def _adam_rounds_alike(planner: _Planner, b1: Any, b2: Any) -> bool:
     """Whether the in-place step of Adam's math (``adam._elementwise``) rounds as the pure
-    update's with these hyperparameters, which it reads as numbers. Adam computes ``1 - b``
-    of a beta: from a tensor cast to a half dtype, the pure update rounds it there, where
-    a lerp's number weight is not; and it takes the ``eps_root`` branch for any tensor, where
-    a number 0 takes the other."""
-    if isinstance(eps_root, Tensor) and not (_scalar(eps_root) and nonzero(eps_root.item())):
-        return False
+    update's with these betas, which it reads as numbers. Adam computes ``1 - b`` of a
+    beta: from a tensor cast to a half dtype, the pure update rounds it there (inexact
+    for a beta under 0.5), where a lerp's number weight is not rounded."""
     return not (
         (isinstance(b1, Tensor) or isinstance(b2, Tensor))
         and any(g.dtype not in transforms.FUSED_ADD for g in planner.grads)
