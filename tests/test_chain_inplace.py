@@ -397,3 +397,27 @@ def test_declines_complex_params_without_changing_anything():
         pure.step()
     assert_same(fast.state_dict(), pure.state_dict(), rtol=0, atol=0)
     assert_same([p.detach() for p in params], [p.detach() for p in pure_params], rtol=0, atol=0)
+
+
+def test_declines_tensor_betas_in_half_dtypes():
+    """Adam's math (adam.py) computes ``1 - b1`` of a tensor b1 in the leaf's dtype with the
+    pure ops, which a lerp's number weight does not (in bfloat16, inexact for b1 = 0.1):
+    the chain declines, and steps as the pure path does."""
+    factory = with_lr(fo.scale_by_adam(b1=torch.tensor(0.1)))
+    params = make_params(torch.bfloat16)
+    pure_params = copies(params)
+    fast = fo.Optimizer(params, factory, lr=0.1)
+    pure = fo.Optimizer(pure_params, factory, lr=0.1)
+    real, calls = chain_inplace.step, []
+    chain_inplace.step = lambda *a, **k: calls.append(real(*a, **k)) or calls[-1]  # type: ignore[assignment]
+    try:
+        for k in range(2):
+            set_grads(params, k)
+            set_grads(pure_params, k)
+            fast.step()
+            with pure_path():
+                pure.step()
+    finally:
+        chain_inplace.step = real
+    assert calls == [False, False]
+    assert_same_runs((params, fast), (pure_params, pure), torch.bfloat16)

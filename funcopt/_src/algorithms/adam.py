@@ -63,8 +63,9 @@ def _schedule(
     weight_decay: Coef,
     counter_dtypes: tuple[Any],
     step_in_tensor: torch.dtype | None = None,
+    nesterov: bool = False,
     **_: Any,
-) -> tuple[tuple[Coef], tuple[Coef, Coef, Coef, Coef]]:
+) -> tuple[tuple[Coef], tuple[Coef, ...]]:
     beta1, beta2 = betas
     step = step + 1
     if step_in_tensor is not None:
@@ -78,8 +79,12 @@ def _schedule(
         bias_correction1 = 1 - power(beta1, step)
         bias_correction2 = 1 - power(beta2, step)
         bias_correction2_sqrt = bias_correction2**0.5
-    step_size = lr / bias_correction1
     decay = 1 - lr * weight_decay  # for decoupled weight decay
+    if nesterov:  # Dozat 2016, as optax: b1 * m / (1 - b1**(t+1)) + (1 - b1) * g / (1 - b1**t)
+        momentum_weight = beta1 / (1 - power(beta1, step + 1))
+        grad_weight = (1 - beta1) / bias_correction1
+        return (step,), (-lr, bias_correction2_sqrt, bias_correction2, decay, momentum_weight, grad_weight)
+    step_size = lr / bias_correction1
     return (step,), (-step_size, bias_correction2_sqrt, bias_correction2, decay)
 
 
@@ -92,6 +97,19 @@ def _complement(beta: Coef, like: Any) -> Coef:
     return 1 - torch.tensor(beta, dtype=dtype).item()
 
 
+def _second_moment(o: Ops, exp_avg_sq: Tensor, g: Tensor, beta2: Coef, lerp: bool) -> Tensor:
+    """``beta2 * v + (1 - beta2) * |g|^2``: torch's ``mul_`` then ``addcmul_``, or one
+    ``lerp`` (optax's form) with `lerp` or for a complex `g` (whose square is ``|g|^2``,
+    as optax's). The engine steps complex params as pairs of reals; the ``scale_by_adam``
+    block passes complex updates, and `lerp` where ``beta2`` is a tensor (``addcmul_``
+    takes no tensor value in place, so the in-place chain would round otherwise)."""
+    if isinstance(g, Tensor) and g.is_complex():
+        return o.lerp_(exp_avg_sq, (g.real.square() + g.imag.square()).to(g.dtype), 1 - beta2)
+    if lerp:
+        return o.lerp_(exp_avg_sq, o.mul(g, g), 1 - beta2)
+    return o.addcmul_(o.mul_(exp_avg_sq, beta2), g, g, value=1 - beta2)
+
+
 def _elementwise(
     o: Ops,
     out: Tensor | None,
@@ -100,7 +118,7 @@ def _elementwise(
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
     max_exp_avg_sq: Tensor | None,
-    coefficients: tuple[Coef, Coef, Coef, Coef],
+    coefficients: tuple[Coef, ...],
     *,
     betas: tuple[Coef, Coef],
     eps: Coef,
@@ -110,9 +128,17 @@ def _elementwise(
     decoupled_weight_decay: bool,
     eps_root: Coef = 0.0,
     beta1_in_param_dtype: bool = False,
+    nesterov: bool = False,
+    lerp_second_moment: bool = False,
+    root_of_quotient: bool = False,
     **_: Any,
 ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor | None]]:
-    neg_step_size, bias_correction2_sqrt, bias_correction2, decay = coefficients
+    """Adam's step, also ``scale_by_adam``'s (transforms/moments.py). funcopt only, as
+    optax's: `eps_root`, `nesterov` (Dozat's momentum, whose schedule then gives the two
+    weights of its numerator), `lerp_second_moment` (see `_second_moment`) and
+    `root_of_quotient` (the denominator's root taken of ``v / bc2``, as optax's, also
+    where ``bc2 < 0``: a ``b2`` above 1, which a batch of hyperparameters may hold)."""
+    neg_step_size, bias_correction2_sqrt, bias_correction2, decay = coefficients[:4]
     beta1, beta2 = betas
     if maximize:
         g = o.neg(g)
@@ -122,7 +148,7 @@ def _elementwise(
         else:
             g = o.add(g, p, alpha=weight_decay)
     exp_avg = o.lerp_(exp_avg, g, _complement(beta1, g) if beta1_in_param_dtype else 1 - beta1)
-    exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), g, g, value=1 - beta2)
+    exp_avg_sq = _second_moment(o, exp_avg_sq, g, beta2, lerp_second_moment)
     second = exp_avg_sq
     if amsgrad:
         if max_exp_avg_sq is None:
@@ -131,10 +157,17 @@ def _elementwise(
                 "without amsgrad lacks: make the state with amsgrad=True"
             )
         second = max_exp_avg_sq = o.maximum_(max_exp_avg_sq, exp_avg_sq)
-    if nonzero(eps_root):
-        denom = o.add_(o.sqrt_(o.add_(o.div(second, bias_correction2), eps_root)), eps)
-    else:
+    if root_of_quotient or nonzero(eps_root):  # optax's sqrt(v / bc2 + eps_root)
+        denom = o.div(second, bias_correction2)  # (each temporary freed as soon as it is used)
+        if nonzero(eps_root):
+            denom = o.add_(denom, eps_root)
+        denom = o.add_(o.sqrt_(denom), eps)
+    else:  # torch's sqrt(v) / sqrt(bc2)
         denom = o.add_(o.div_(o.sqrt(second), bias_correction2_sqrt), eps)
+    if nesterov:  # no tensor alpha: the `Pure` and in-place ops then round alike
+        momentum_weight, grad_weight = coefficients[4:]
+        numerator = o.add_(o.mul(exp_avg, momentum_weight), o.mul(g, grad_weight))
+        return o.addcdiv_(out, numerator, denom, value=neg_step_size), (exp_avg, exp_avg_sq, max_exp_avg_sq)
     out = o.addcdiv_(out, exp_avg, denom, value=neg_step_size)
     return out, (exp_avg, exp_avg_sq, max_exp_avg_sq)
 

@@ -8,6 +8,9 @@ of timm's options (tests/test_timm_reference.py), while ``fo.lars``, ``fo.novogr
 The functional forms ``fo.yogi`` etc. stay optax's chains of public blocks, with optax's
 state trees; these algorithms are the classes' math (and ``YOGI.transform(...)`` its
 functional face), equal to those chains to round-off (tests/test_catalogue_inplace.py).
+The math exists once: ``scale_by_yogi``, ``scale_by_adopt`` and ``scale_by_ademamix`` run
+Yogi's, ADOPT's and AdEMAMix's here (``transforms/from_algorithm.py``), and NAdamW is
+Adam's (``adam.py``, as ``fo.nadamw``'s ``scale_by_adam(nesterov=True)``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from ..core.base import Params
 from ..engine.algorithm import Algorithm
 from ..engine.bounds import Bound, Check, Hyperparams
 from ..engine.ops import Coef, Ops, nonzero, power
+from .adam import _elementwise as adam_elementwise
+from .adam import _schedule as adam_schedule
+from .adam import _second_moment as adam_second_moment
 from .sgd import DampedFromSecondStep, momentum_step
 from .sgd import _validate as sgd_validate
 
@@ -93,15 +99,18 @@ def _yogi_initial(**_: Any) -> YogiState:
 
 def _yogi_math(
     o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
-    coefficients: tuple[Coef, Coef, Coef], *, betas: tuple[Coef, Coef], eps: Coef, **_: Any,
+    coefficients: tuple[Coef, Coef, Coef], *, betas: tuple[Coef, Coef], eps: Coef, eps_root: Coef = 0.0,
+    **_: Any,
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:  # fmt: skip
+    """Yogi's step, also ``scale_by_yogi``'s (`eps_root` is its, added inside the root)."""
     neg_lr, bc1, bc2 = coefficients
     beta1, beta2 = betas
     exp_avg = o.lerp_(exp_avg, g, 1 - beta1)
     g2 = o.mul(g, g)
     # nu - (1 - b2) * sign(nu - g**2) * g**2
     exp_avg_sq = o.addcmul_(exp_avg_sq, o.sign_(o.sub(exp_avg_sq, g2)), g2, value=-(1 - beta2))
-    denom = o.add_(o.sqrt_(o.div(exp_avg_sq, bc2)), eps)
+    quotient = o.div(exp_avg_sq, bc2)
+    denom = o.add_(o.sqrt_(o.add_(quotient, eps_root) if nonzero(eps_root) else quotient), eps)
     out = o.addcdiv_(out, o.div(exp_avg, bc1), denom, value=neg_lr)
     return out, (exp_avg, exp_avg_sq)
 
@@ -132,29 +141,22 @@ def _nadamw_initial(**_: Any) -> NAdamWState:
     return NAdamWState(step=0.0, exp_avg=0.0, exp_avg_sq=0.0)
 
 
-def _nadamw_schedule(
-    step: Coef, *, lr: Coef, betas: tuple[Coef, Coef], **_: Any
-) -> tuple[tuple[Coef], tuple]:
-    t = step + 1
-    beta1, beta2 = betas
-    # Dozat 2016, as optax: b1 * mu / correction1_next + (1 - b1) * g / correction1
-    momentum_weight = beta1 / (1 - power(beta1, t + 1))
-    return (t,), (-lr, momentum_weight, (1 - beta1) / (1 - power(beta1, t)), 1 - power(beta2, t))
+def _nadamw_schedule(step: Coef, **hyperparams: Any) -> tuple[tuple[Coef], tuple]:
+    """Adam's, with Dozat's Nesterov momentum."""
+    return adam_schedule(step, nesterov=True, **hyperparams)
 
 
 def _nadamw_math(
     o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
-    coefficients: tuple[Coef, ...], *, betas: tuple[Coef, Coef], eps: Coef, weight_decay: Coef, **_: Any,
+    coefficients: tuple[Coef, ...], **hyperparams: Any,
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:  # fmt: skip
-    neg_lr, momentum_weight, grad_weight, bc2 = coefficients
-    beta1, beta2 = betas
-    exp_avg = o.lerp_(exp_avg, g, 1 - beta1)
-    exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), g, g, value=1 - beta2)
-    denom = o.add_(o.sqrt_(o.div(exp_avg_sq, bc2)), eps)
-    m_hat = o.add_(o.mul(exp_avg, momentum_weight), g, alpha=grad_weight)
-    if nonzero(weight_decay):  # optax adds weight_decay * p to the update: p * (1 - lr * weight_decay)
-        out = o.decay_(out, p, 1 + neg_lr * weight_decay)
-    out = o.addcdiv_(out, m_hat, denom, value=neg_lr)
+    """Adam's math (``adam._elementwise``, as `fo.nadamw`'s ``scale_by_adam``) with Dozat's
+    Nesterov momentum, optax's denominator, and decoupled weight decay (optax adds
+    ``weight_decay * p`` to the update: ``p * (1 - lr * weight_decay)``)."""
+    out, (exp_avg, exp_avg_sq, _) = adam_elementwise(
+        o, out, p, g, exp_avg, exp_avg_sq, None, coefficients, **hyperparams, amsgrad=False,
+        maximize=False, decoupled_weight_decay=True, nesterov=True, root_of_quotient=True,
+    )  # fmt: skip
     return out, (exp_avg, exp_avg_sq)
 
 
@@ -233,14 +235,17 @@ def _adopt_schedule(step: Coef, *, lr: Coef, betas: tuple[Coef, Coef], **_: Any)
 
 def _adopt_math(
     o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
-    coefficients: tuple[Coef, ...], *, eps: Coef, **_: Any,
+    coefficients: tuple[Coef, ...], *, eps: Coef, nesterov: bool = False, **_: Any,
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:  # fmt: skip
+    """ADOPT's step, also ``scale_by_adopt``'s: its clip may be None (no clipping), and
+    `nesterov` (optax's) steps ``b1 * m + (1 - b1) * normalized`` with the new momentum."""
     neg_lr, weight1, beta2, clip = coefficients
     normalized = o.div(g, o.clamp_(o.sqrt(exp_avg_sq), eps, math.inf))  # by the previous moment
-    normalized = o.clamp_(normalized, -clip, clip)
+    if clip is not None:
+        normalized = o.clamp_(normalized, -clip, clip)
     exp_avg = o.lerp_(exp_avg, normalized, weight1)
     exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), g, g, value=1 - beta2)
-    out = o.add_(out, exp_avg, alpha=neg_lr)
+    out = o.add_(out, o.lerp(exp_avg, normalized, weight1) if nesterov else exp_avg, alpha=neg_lr)
     return out, (exp_avg, exp_avg_sq)
 
 
@@ -275,14 +280,17 @@ def _ademamix_initial(**_: Any) -> AdEMAMixState:
 def _ademamix_math(
     o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg_fast: Tensor, exp_avg_slow: Tensor,
     exp_avg_sq: Tensor, coefficients: tuple[Coef, Coef, Coef], *, betas: tuple[Coef, Coef, Coef],
-    alpha: Coef, eps: Coef, weight_decay: Coef, **_: Any,
+    alpha: Coef, eps: Coef, weight_decay: Coef, eps_root: Coef = 0.0, **_: Any,
 ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:  # fmt: skip
+    """AdEMAMix's step, also ``scale_by_ademamix``'s (`eps_root` is its, added inside the
+    root; a complex gradient, its, squares to ``|g|^2``)."""
     neg_lr, bc1, bc2 = coefficients
     beta1, beta2, beta3 = betas
     exp_avg_fast = o.lerp_(exp_avg_fast, g, 1 - beta1)
     exp_avg_slow = o.lerp_(exp_avg_slow, g, 1 - beta3)
-    exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), g, g, value=1 - beta2)
-    denom = o.add_(o.sqrt_(o.div(exp_avg_sq, bc2)), eps)
+    exp_avg_sq = adam_second_moment(o, exp_avg_sq, g, beta2, False)
+    quotient = o.div(exp_avg_sq, bc2)
+    denom = o.add_(o.sqrt_(o.add_(quotient, eps_root) if nonzero(eps_root) else quotient), eps)
     if nonzero(weight_decay):  # optax adds weight_decay * p to the update: p * (1 - lr * weight_decay)
         out = o.decay_(out, p, 1 + neg_lr * weight_decay)
     out = o.addcdiv_(out, o.add_(o.div(exp_avg_fast, bc1), exp_avg_slow, alpha=alpha), denom, value=neg_lr)

@@ -18,9 +18,11 @@ import optree
 import torch
 from torch import Tensor
 
+from ..algorithms.catalogue_more import YOGI
 from ..core.base import GradientTransformation, Params, State, Updates
 from ..core.hyperparams import accepts_schedules
 from ..transforms.clipping import Scalar, abs_sq, coef
+from ..transforms.from_algorithm import BlockMath, betas_and_eps, step_leaves
 from ..transforms.moments import ScaleByAdamState
 from ._common import (
     _bias_correction,
@@ -266,20 +268,16 @@ def _yogi_update(
     b1: Scalar, b2: Scalar, eps: Scalar, eps_root: Scalar,
     updates: Updates, state: State, params: Params | None = None, **extra_args: Any,
 ) -> tuple[Updates, State]:  # fmt: skip
+    """`fo.Yogi`'s math (``catalogue_more._yogi_math``) with a learning rate of -1
+    (``transforms/from_algorithm.py``), its coefficients from its schedule."""
     who = "scale_by_yogi update"
     _check_state(state, ScaleByAdamState, who)
-    count = _increment(state.count)
-
-    def one(g: Tensor, m0: Tensor, v0: Tensor) -> tuple[Tensor, ...]:
-        c1, c2 = coef(b1, g), coef(b2, g)
-        mu = _ema(g, m0, c1)
-        g2 = abs_sq(g)
-        nu = v0 - (1 - c2) * torch.sign(v0 - g2) * g2
-        u = _bc(mu, c1, count) / (torch.sqrt(_bc(nu, c2, count) + coef(eps_root, g)) + coef(eps, g))
-        return u, mu, nu
-
-    out, mu, nu = leafwise(who, one, updates, state.mu, state.nu, n_out=3)
-    return out, ScaleByAdamState(count, mu, nu)
+    wide = torch.float32 if state.count.device.type == "mps" else torch.float64
+    _, coefficients = YOGI.schedule(state.count.to(wide), lr=-1, betas=(b1, b2))
+    math = BlockMath(YOGI.elementwise, 4, betas_and_eps)
+    scalars = (*coefficients, b1, b2, eps, eps_root)
+    out, (mu, nu) = step_leaves(who, math, scalars, updates, state, ("mu", "nu"), (None, None))
+    return out, ScaleByAdamState(_increment(state.count), mu, nu)
 
 
 @accepts_schedules

@@ -12,9 +12,11 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from ..algorithms.catalogue_more import ADEMAMIX, ADOPT
 from ..core.base import GradientTransformation, Params, State, Updates, chain
 from ..transforms.blocks import add_decayed_weights, scale_by_learning_rate
-from ..transforms.clipping import Scalar, abs_sq, coef
+from ..transforms.clipping import Scalar, coef
+from ..transforms.from_algorithm import BlockMath, step_leaves
 from ..transforms.moments import ScaleByAdamState
 from ._common import (
     _bias_correction,
@@ -25,7 +27,6 @@ from ._common import (
     copy,
     full,
     leafwise,
-    scalar,
     zeros,
 )
 
@@ -72,25 +73,22 @@ def _adopt_update(
     clip_value_fn: Callable[[Tensor], Any], updates: Updates, state: State, params: Params | None = None,
     **extra_args: Any,
 ) -> tuple[Updates, State]:  # fmt: skip
+    """`fo.Adopt`'s math (``catalogue_more._adopt_math``) with a learning rate of -1
+    (``transforms/from_algorithm.py``), its coefficients from its schedule; the clip is
+    ``clip_value_fn`` of the count, as a float64 tensor."""
     who = "scale_by_adopt update"
     _check_state(state, ScaleByAdamState, who)
-    started = state.count > 0
-    clip_value = clip_value_fn(state.count.to(torch.float64)) if use_clipping else None
-
-    def one(g: Tensor, m0: Tensor, v0: Tensor) -> tuple[Tensor, ...]:
-        b1_ = torch.where(started, scalar(coef(b1, g), g.dtype, g.device), 1.0)
-        b2_ = torch.where(started, scalar(coef(b2, g), g.dtype, g.device), 0.0)
-        nu = (1 - b2_) * abs_sq(g) + b2_ * v0
-        mu_updates = g / torch.clamp(torch.sqrt(v0), min=coef(eps, g))
-        if clip_value is not None:
-            c = torch.as_tensor(clip_value, dtype=g.dtype, device=g.device)
-            mu_updates = torch.clamp(mu_updates, -c, c)
-        mu = (1 - b1_) * mu_updates + b1_ * m0
-        out = (1 - b1_) * mu_updates + b1_ * mu if nesterov else mu
-        return out, mu if mu_dtype is None else mu.to(mu_dtype), nu
-
-    out, mu, nu = leafwise(who, one, updates, state.mu, state.nu, n_out=3)
+    count = state.count.to(torch.float64)
+    _, (step_size, weight1, beta2, _) = ADOPT.schedule(count, lr=-1, betas=(b1, b2))
+    clip_value = clip_value_fn(count) if use_clipping else None
+    math = BlockMath(ADOPT.elementwise, 1, _eps, nesterov=bool(nesterov))
+    scalars = (step_size, weight1, beta2, clip_value, eps)
+    out, (mu, nu) = step_leaves(who, math, scalars, updates, state, ("mu", "nu"), (mu_dtype, None))
     return out, ScaleByAdamState(_increment(state.count), mu, nu)
+
+
+def _eps(eps: Any) -> dict[str, Any]:
+    return {"eps": eps}
 
 
 def scale_by_adopt(
@@ -169,23 +167,23 @@ def _ademamix_update(
     b1: Scalar, b2: Scalar, b3: Any, alpha: Any, eps: Scalar, eps_root: Scalar,
     updates: Updates, state: State, params: Params | None = None, **extra_args: Any,
 ) -> tuple[Updates, State]:  # fmt: skip
+    """`fo.AdEMAMix`'s math (``catalogue_more._ademamix_math``) with a learning rate of -1
+    (``transforms/from_algorithm.py``), its coefficients from its schedule; `b3` and
+    `alpha` at ``count_m2``."""
     who = "scale_by_ademamix update"
     _check_state(state, ScaleByAdemamixState, who)
+    wide = torch.float32 if state.count.device.type == "mps" else torch.float64
+    _, coefficients = ADEMAMIX.schedule(state.count.to(wide), lr=-1, betas=(b1, b2))
+    math = BlockMath(ADEMAMIX.elementwise, 6, _ademamix_hyperparams, weight_decay=0)
     c_b3, c_alpha = _at(b3, state.count_m2), _at(alpha, state.count_m2)
-    count = _increment(state.count)
+    scalars = (*coefficients, b1, b2, c_b3, c_alpha, eps, eps_root)
+    fields = ("m1", "m2", "nu")
+    out, (m1, m2, nu) = step_leaves(who, math, scalars, updates, state, fields, ("own",) * 3)
+    return out, ScaleByAdemamixState(_increment(state.count), _increment(state.count_m2), m1, m2, nu)
 
-    def one(g: Tensor, m10: Tensor, m20: Tensor, v0: Tensor) -> tuple[Tensor, ...]:
-        c1, c2, c3 = coef(b1, g), coef(b2, g), coef(c_b3, g)
-        m1 = (1 - c1) * g + c1 * m10
-        m2 = (1 - c3) * g + c3 * m20
-        nu = (1 - c2) * abs_sq(g) + c2 * v0
-        u = (_bc(m1, c1, count) + coef(c_alpha, g) * m2) / (
-            torch.sqrt(_bc(nu, c2, count) + coef(eps_root, g)) + coef(eps, g)
-        )
-        return u, m1.to(m10.dtype), m2.to(m20.dtype), nu.to(v0.dtype)
 
-    out, m1, m2, nu = leafwise(who, one, updates, state.m1, state.m2, state.nu, n_out=4)
-    return out, ScaleByAdemamixState(count, _increment(state.count_m2), m1, m2, nu)
+def _ademamix_hyperparams(b1: Any, b2: Any, b3: Any, alpha: Any, eps: Any, eps_root: Any) -> dict[str, Any]:
+    return {"betas": (b1, b2, b3), "alpha": alpha, "eps": eps, "eps_root": eps_root}
 
 
 def scale_by_ademamix(

@@ -10,7 +10,8 @@ lists off the CPU, with the state's own tensors updated in place.
 How: each block's per-step scalars (bias corrections from its count, schedule values)
 are computed once per group, with the pure update's own functions on the count tensors,
 then read as Python numbers in each leaf's dtype (``coef``'s cast). Its per-element
-math is the pure update's own (``_adam_math`` and the others in transforms.py, written
+math is the pure update's own (``_ema_math`` and the others in transforms/moments.py,
+Adam's that of ``algorithms/adam.py`` through ``transforms/from_algorithm.py``, written
 against the engine's ``o`` ops: `Pure` there, `InPlace` or `ForEach` here). It runs on a
 work tensor ``u`` (at first the gradient, only read), block after block, and the step
 ends ``p += u``, as the pure path's ``p.add_(update)``.
@@ -28,7 +29,7 @@ bfloat16 and float16 add with ``alpha`` rounds differently in a vectorized run's
 which a block boundary moves); a second moment is ``mul_`` then ``addcmul_`` for a
 number decay, one ``lerp`` for a tensor (``addcmul``'s ``value`` takes no tensor); a
 first moment is a ``lerp``. Adam's step is ``mu / (sqrt(nu * c1**2 / c2) + eps * c1)``
-(``moments._adam_scalars``), no ``addcdiv``. The step is about 1.15x fo.AdamW's
+(``moments._adam_scalars``), its division an ``addcdiv`` with value 1 into fresh memory. The step is about 1.15x fo.AdamW's
 (benchmarks/chain_step.py). Checked on the CPU (tests/
 test_chain_inplace.py); off the CPU the step takes ``torch._foreach_*`` kernels, where
 the pure update takes per-tensor ones: bit for bit there as far as torch's kernels of
@@ -55,7 +56,7 @@ from ..core.base import EmptyState, GradientTransformation
 from ..core.hyperparams import ScheduledState, _at
 from ..engine import inplace
 from ..engine.leaves import group_by
-from ..engine.ops import TensorList, nonzero
+from ..engine.ops import TensorList
 from ..transforms import blocks as transforms
 from ..transforms import moments
 from ..transforms.blocks import ScaleByScheduleState, WeightDecaySchedule, _increment
@@ -322,13 +323,23 @@ def _ema(planner: _Planner, node: Any, decay: Any, debias: bool, accumulator_dty
 def _adam(
     planner: _Planner, node: Any, b1: Any, b2: Any, eps: Any, eps_root: Any, mu_dtype: Any, nesterov: bool
 ) -> bool:
-    if mu_dtype is not None or (count := planner.count_of(node, ScaleByAdamState)) is None:
+    if mu_dtype is not None or not _adam_rounds_alike(planner, b1, b2):
         return False
-    scalars = moments._adam_scalars(b1, b2, eps, eps_root, nesterov, _increment(count))
-    math = functools.partial(
-        moments._adam_math, bool(nesterov), nonzero(eps_root), not isinstance(b2, Tensor)
+    if (count := planner.count_of(node, ScaleByAdamState)) is None:
+        return False
+    scalars = moments._adam_scalars(b1, b2, eps, eps_root, nesterov, count)
+    return planner.add(moments._adam_math(b2, nesterov), (node.mu, node.nu), scalars)
+
+
+def _adam_rounds_alike(planner: _Planner, b1: Any, b2: Any) -> bool:
+    """Whether the in-place step of Adam's math (``adam._elementwise``) rounds as the pure
+    update's with these betas, which it reads as numbers. Adam computes ``1 - b`` of a
+    beta: from a tensor cast to a half dtype, the pure update rounds it there (inexact
+    for a beta under 0.5), where a lerp's number weight is not rounded."""
+    return not (
+        (isinstance(b1, Tensor) or isinstance(b2, Tensor))
+        and any(g.dtype not in transforms.FUSED_ADD for g in planner.grads)
     )
-    return planner.add(math, (node.mu, node.nu), scalars)
 
 
 def _rms(

@@ -1,6 +1,7 @@
 """optax's moment accumulators: `trace` (momentum), `ema`, `scale_by_adam` and `scale_by_rms`, each
 with its math written once against the ops (`math(o, u, owned, p, buffers, c)`) for the pure
-update and the in-place chain of the torch face (torch/chain_inplace.py)."""
+update and the in-place chain of the torch face (torch/chain_inplace.py); `scale_by_adam`'s is
+`fo.adam`'s own (algorithms/adam.py, through from_algorithm.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import optree
 import torch
 from torch import Tensor
 
+from ..algorithms import adam
 from ..core.base import (
     GradientTransformation,
     Params,
@@ -32,6 +34,7 @@ from .blocks import (
     _zeros,
 )
 from .clipping import Scalar, coef
+from .from_algorithm import BlockMath, betas_and_eps, step_leaves
 
 __all__ = [
     "EmaState",
@@ -209,63 +212,42 @@ def _adam_update(
 ) -> tuple[Updates, State]:
     who = "scale_by_adam update"
     _check_state(state, ScaleByAdamState, who)
-    (gs, ms, vs), unflatten = _columns(who, updates, state, ("mu", "nu"))
-    count = _increment(state.count)
-    scalars = _adam_scalars(b1, b2, eps, eps_root, nesterov, count)
-    math = functools.partial(_adam_math, nesterov, nonzero(eps_root), not isinstance(b2, Tensor))
-    out, new_m, new_v = list(gs), list(ms), list(vs)
-    for i, (g, m0, v0) in enumerate(zip(gs, ms, vs)):
-        if g is None:
-            continue
-        v0 = _buffer(who, i, v0)
-        g, *buffers = _alike(g, _buffer(who, i, m0), v0)
-        out[i], _, (m, v) = math(Pure, g, False, None, buffers, [coef(x, g) for x in scalars])
-        new_m[i] = m if mu_dtype is None else m.to(mu_dtype)
-        new_v[i] = v.to(v0.dtype)
-    return unflatten(out), ScaleByAdamState(count, unflatten(new_m), unflatten(new_v))
+    scalars = _adam_scalars(b1, b2, eps, eps_root, nesterov, state.count)
+    math = _adam_math(b2, nesterov)
+    out, (mu, nu) = step_leaves(who, math, scalars, updates, state, ("mu", "nu"), (mu_dtype, "own"))
+    return out, ScaleByAdamState(_increment(state.count), mu, nu)
+
+
+def _adam_math(b2: Scalar, nesterov: bool) -> BlockMath:
+    """``scale_by_adam``'s math: `fo.adam`'s (``adam._elementwise``), its second moment one
+    lerp where `b2` is a tensor (see ``adam._second_moment``)."""
+    return BlockMath(
+        adam._elementwise, 4, betas_and_eps, absent=1, weight_decay=0, amsgrad=False, maximize=False,
+        decoupled_weight_decay=False, nesterov=bool(nesterov), lerp_second_moment=isinstance(b2, Tensor),
+        root_of_quotient=True,
+    )  # fmt: skip
 
 
 def _adam_scalars(
     b1: Scalar, b2: Scalar, eps: Scalar, eps_root: Scalar, nesterov: bool, count: Tensor
-) -> Any:
-    """`_adam_math`'s coefficients at the step whose count (incremented) is `count`."""
-    correction1, correction2 = _bias_correction(b1, count), _bias_correction(b2, count)
-    if nesterov:
-        correction1_next = _bias_correction(b1, _increment(count))
-        return 1 - b1, b2, 1 - b2, correction2, eps_root, eps, b1, correction1, correction1_next
-    # mu_hat / (sqrt(nu_hat + eps_root) + eps), with c1, c2 the corrections, is
-    # mu / (sqrt(nu * c1**2 / c2 + eps_root * c1**2) + eps * c1): an op fewer per element
-    square = correction1 * correction1
-    return 1 - b1, b2, 1 - b2, correction2 / square, eps_root * square, eps * correction1
-
-
-def _adam_math(
-    nesterov: bool,
-    with_eps_root: bool,
-    fused: bool,
-    o: Any,
-    u: Any,
-    owned: bool,
-    p: Any,
-    buffers: Any,
-    c: Any,
-) -> Any:
-    """``mu_hat / (sqrt(nu_hat + eps_root) + eps)``, the first moment one lerp; its
-    coefficients as `_adam_scalars` gives them, `fused` where `b2` is not a tensor."""
-    m0, v0 = buffers
-    one_minus_b1, b2, one_minus_b2, nu_scale, eps_root, eps = c[:6]
-    mu = o.lerp_(m0, u, one_minus_b1)
-    nu = _average_of_squares(o, fused, v0, u, b2, one_minus_b2)
-    denom = o.div(nu, nu_scale)  # nu / c2 with nesterov, else nu * c1**2 / c2 (`_adam_scalars`)
-    if with_eps_root:
-        denom = o.add_(denom, eps_root)
-    denom = o.add_(o.sqrt_(denom), eps)
-    if not nesterov:
-        return o.div(mu, denom), True, (mu, nu)
-    # Dozat 2016, as optax: b1 * mu / correction1_next + (1 - b1) * updates / correction1
-    b1, correction1, correction1_next = c[6:]
-    m_hat = o.add_(o.mul_(o.div(mu, correction1_next), b1), o.mul_(o.div(u, correction1), one_minus_b1))
-    return o.div_(m_hat, denom), True, (mu, nu)
+) -> tuple[Any, ...]:
+    """`_adam_math`'s coefficients and per-step hyperparameters after `count` steps: Adam's
+    schedule (``adam._schedule``) with a learning rate of -1, in float64 (float32 on MPS)."""
+    wide = torch.float32 if count.device.type == "mps" else torch.float64
+    _, coefficients = adam._schedule(
+        count.to(wide), lr=-1, betas=(b1, b2), weight_decay=0, counter_dtypes=(None,), nesterov=nesterov
+    )
+    # the denominator is optax's sqrt(nu / bc2 + eps_root) + eps (`root_of_quotient`): the
+    # math reads no sqrt(bc2), given as 1
+    if nesterov:  # the step size is 1 (-lr): the bias correction is in the numerator's weights
+        step_size, _, bc2, decay, momentum_weight, grad_weight = coefficients
+        return step_size, 1, bc2, decay, momentum_weight, grad_weight, b1, b2, eps, eps_root
+    # mu * s / (sqrt(nu / bc2 + eps_root) + eps), with s = 1 / bc1 the step size, is
+    # mu / (sqrt(nu / (bc2 * s**2) + eps_root / s**2) + eps / s), a step size of 1: an op
+    # fewer per element
+    s, _, bc2, decay = coefficients
+    root = eps_root / (s * s) if nonzero(eps_root) else eps_root
+    return 1, 1, bc2 * (s * s), decay, b1, b2, eps / s, root
 
 
 @accepts_schedules
