@@ -110,6 +110,8 @@ class Lamb(TimmGroupStep, _RenamesOldKeys):
         >>> opt.step()
     """
 
+    package = "timm"  # the package whose state_dicts it shares (`fo.package_state_dict`)
+
     old_keys = {"0.count": "step", "0.mu": "exp_avg", "0.nu": "exp_avg_sq"}
 
     def __init__(
@@ -198,6 +200,8 @@ class Adan(TimmGroupStep, _RenamesOldKeys):
         >>> opt = fo.Adan(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
     """
 
+    package = "timm"  # the package whose state_dicts it shares (`fo.package_state_dict`)
+
     old_keys = {
         "0.t": "step",
         "0.m": "exp_avg",
@@ -274,6 +278,8 @@ class AdaBelief(_RenamesOldKeys):
         >>> import torch, funcopt as fo
         >>> opt = fo.AdaBelief(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
     """
+
+    package = "timm"  # the package whose state_dicts it shares (`fo.package_state_dict`)
 
     old_keys = {"0.count": "step", "0.mu": "exp_avg", "0.nu": "exp_avg_var"}
 
@@ -476,6 +482,8 @@ class Lars(_RenamesOldKeys):
         >>> opt = fo.Lars(torch.nn.Linear(2, 1).parameters(), lr=0.1, momentum=0.9)
     """
 
+    package = "timm"  # the package whose state_dicts it shares (`fo.package_state_dict`)
+
     old_keys = {"3.trace": "momentum_buffer"}
     old_group_keys = {"trust_coefficient": "trust_coeff"}
 
@@ -531,6 +539,8 @@ class NovoGrad(_RenamesOldKeys):
         >>> opt = fo.NovoGrad(torch.nn.Linear(2, 1).parameters(), lr=1e-2)
     """
 
+    package = "timm"  # the package whose state_dicts it shares (`fo.package_state_dict`)
+
     old_keys = {"0.count": "step", "0.mu": "exp_avg", "0.nu": "exp_avg_sq"}
 
     def __init__(
@@ -571,6 +581,8 @@ class MADGRAD(_RenamesOldKeys):
         >>> import torch, funcopt as fo
         >>> opt = fo.MADGRAD(torch.nn.Linear(2, 1).parameters(), lr=1e-2)
     """
+
+    package = "timm"  # the package whose state_dicts it shares (`fo.package_state_dict`)
 
     old_keys = {"1.count": "step", "1.grad_sum_sq": "grad_sum_sq", "1.s": "s", "1.x0": "x0"}
 

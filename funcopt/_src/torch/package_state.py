@@ -155,11 +155,9 @@ def package_state_dict(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         ['beta3', 'betas', 'd', 'd0']
     """
     package = getattr(optimizer, "package", "")
+    if package == "timm":  # (the classes that follow timm's: fo.Lamb, fo.Adan, ...)
+        return optimizer.state_dict()
     if package not in _DROPPED:
-        from .catalogue_inplace import MADGRAD, AdaBelief, Adan, Lamb, Lars, NovoGrad
-
-        if isinstance(optimizer, (Lamb, Lars, Adan, AdaBelief, NovoGrad, MADGRAD)):
-            return optimizer.state_dict()
         raise TypeError(
             "package_state_dict takes the drop-in classes that follow another package's class "
             "(fo.Prodigy, fo.DAdaptAdamW, fo.Lamb, fo.Lars, fo.Adan, fo.AdaBelief, fo.NovoGrad, fo.MADGRAD); "
