@@ -44,6 +44,11 @@ CASES: dict[str, tuple[Make, Make, Callable[[Any], dict[str, Any]]]] = {
         lambda g: fo.Prodigy(g, use_bias_correction=True, betas=(0.8, 0.99), d0=1e-3),
         fo.package_state_dict,
     ),
+    "Prodigy-growth-rate": (
+        lambda g: prodigyopt.Prodigy(g, growth_rate=1.02, weight_decay=0.01),
+        lambda g: fo.Prodigy(g, growth_rate=1.02, weight_decay=0.01),
+        fo.package_state_dict,
+    ),
     "DAdaptAdamW": (
         lambda g: dadaptation.DAdaptAdam(g, decouple=True, weight_decay=0.01),
         lambda g: fo.DAdaptAdamW(g, weight_decay=0.01),
@@ -127,13 +132,13 @@ def test_what_funcopt_does_not_do_raises():
     """A package's state_dict saved with an option funcopt's class lacks raises, saying so,
     and changes nothing; so does a state_dict for other params."""
     ps = new_params()
-    for kwargs, match in [
-        (dict(growth_rate=1.02), "growth_rate"),
-        (dict(decouple=False, weight_decay=0.1), "decouple=False"),
+    for package, kwargs, match in [
+        (dadaptation.DAdaptAdam, dict(growth_rate=1.02, decouple=True), "growth_rate"),
+        (prodigyopt.Prodigy, dict(decouple=False, weight_decay=0.1), "decouple=False"),
     ]:
-        theirs = prodigyopt.Prodigy(ps, **kwargs)
+        theirs = package(ps, **kwargs)
         step(theirs, ps, 0)
-        ours = fo.Prodigy(ps)
+        ours = (fo.DAdaptAdamW if package is dadaptation.DAdaptAdam else fo.Prodigy)(ps)
         with pytest.raises(ValueError, match=match):
             ours.load_state_dict(theirs.state_dict())
         assert not ours.state and "estim_lr" not in ours.param_groups[0]

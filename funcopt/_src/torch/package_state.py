@@ -65,7 +65,7 @@ class TimmGroupStep:
 _SCALARS = {"d": "estim_lr", "k": "count"}  # the packages' group entries: ours
 _NUMERATOR = {"prodigyopt": "d_numerator", "dadaptation": "numerator_weighted"}
 _DROPPED = {  # the packages' group entries that funcopt's classes have no use for (checked first)
-    "prodigyopt": ("d_max", "d_denom", "d_hat", "growth_rate", "decouple", "fsdp_in_use"),
+    "prodigyopt": ("d_denom", "d_hat", "decouple", "fsdp_in_use"),
     "dadaptation": ("log_every", "growth_rate", "decouple", "fsdp_in_use"),
 }
 
@@ -106,7 +106,7 @@ def from_package(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -
 
 def _check_package_group(name: str, package: str, group: dict[str, Any]) -> None:
     """Raise where a group of the package's state_dict asks for what funcopt's class does not do."""
-    if group.get("growth_rate", math.inf) != math.inf:
+    if package == "dadaptation" and group.get("growth_rate", math.inf) != math.inf:
         raise ValueError(
             f"{name}.load_state_dict: the {package} state_dict has growth_rate={group['growth_rate']}, which "
             f"{name} does not offer (its estimate grows without bound, {package}'s default)"
@@ -176,11 +176,12 @@ def package_state_dict(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     groups = []
     for group in saved["param_groups"]:
         new = {k: v for k, v in group.items() if k not in ("estim_lr", "numerator_weighted", "count")}
-        new.update(d=estim_lr, k=count, growth_rate=math.inf, decouple=True, fsdp_in_use=False)
+        new.update(d=estim_lr, k=count, decouple=True, fsdp_in_use=False)
         new[_NUMERATOR[package]] = numerator
-        if package == "prodigyopt":
-            new["d_max"] = estim_lr
+        if package == "prodigyopt":  # (fo.Prodigy keeps growth_rate and d_max, as prodigyopt)
+            new.setdefault("growth_rate", math.inf)
+            new.setdefault("d_max", estim_lr)
         else:
-            new["log_every"] = 0
+            new.update(growth_rate=math.inf, log_every=0)
         groups.append(new)
     return {"state": states, "param_groups": groups}
