@@ -180,6 +180,7 @@ _PLAIN_TYPES = set(_PLAIN)
 # a tensor's attributes, mapped over lists of hundreds of tensors (cheaper than a loop)
 SHAPE = operator.attrgetter("shape")
 DTYPE = operator.attrgetter("dtype")
+DEVICE = operator.attrgetter("device")
 IS_SPARSE = operator.attrgetter("is_sparse")
 
 

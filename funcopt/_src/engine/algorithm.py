@@ -56,6 +56,7 @@ import torch
 from torch import Tensor
 
 from ..core.base import (
+    DEVICE,
     DTYPE,
     IS_SPARSE,
     SHAPE,
@@ -664,7 +665,6 @@ def _counter(value: Any, like: Tensor) -> Tensor:
 
 _IS_NONE = functools.partial(operator.is_, None)
 _FIRST = operator.itemgetter(0)
-DEVICE = operator.attrgetter("device")
 
 
 def _mixed(leaves: Sequence[Any], present: bool) -> bool:

@@ -30,7 +30,6 @@ a warm cache).
 
 from __future__ import annotations
 
-import operator
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..core.base import DTYPE
+from ..core.base import DEVICE, DTYPE, SHAPE
 from ..engine import inplace
 from ..engine.algorithm import Algorithm
 from ..engine.bounds import Hyperparams
@@ -79,8 +78,6 @@ stride and alignment (dynamo's guards have checked them; with 300 params, 900 ch
 took a third of a step). Off the CPU, also ``combo_kernels``: independent kernels (one
 per shape) horizontally fused into few launches."""
 
-_DEVICE = operator.attrgetter("device")
-_SHAPE = operator.attrgetter("shape")
 
 _GRAPHS: dict[Any, Callable[..., None]] = {}
 """Compiled group steps by their structure (see `step_dense`)."""
@@ -109,7 +106,7 @@ def step_dense(algorithm: Algorithm, coefficients: Any, hyperparams: Hyperparams
     # list-wise reads (map over an attrgetter): hundreds of tiny params
     if {d for column in present for d in map(DTYPE, column)} - {dtype}:  # the adapter names the cause
         raise RuntimeError("a state's dtype differs from its param's")
-    devices = set(map(_DEVICE, ps))
+    devices = set(map(DEVICE, ps))
     if set(map(DTYPE, gs)) != {dtype} or (not present and len(devices) > 1):
         # (without buffers a group's params are not split by device, see `_by_device`)
         fused.step_dense(algorithm, coefficients, hyperparams, ps, gs, buffers)
@@ -125,7 +122,7 @@ def step_dense(algorithm: Algorithm, coefficients: Any, hyperparams: Hyperparams
         if device.type == "cpu" and not LISTS_ON_CPU:
             fused.step_dense(algorithm, coefficients, hyperparams, columns[0], columns[1], columns[2:])
             continue
-        structure = (*common, device, tuple(map(_SHAPE, columns[0])))
+        structure = (*common, device, tuple(map(SHAPE, columns[0])))
         graph = _GRAPHS.get(structure)
         if graph is None:
             graph = _GRAPHS[structure] = _graph(

@@ -5,7 +5,6 @@ written back (capturable, differentiable and compiled steps)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from operator import attrgetter
 from typing import Any
 
 import optree
@@ -14,6 +13,7 @@ from torch import Tensor
 from torch.optim.optimizer import _device_dtype_check_for_fused
 
 from ..core.base import (
+    DEVICE,
     DTYPE,
     IS_SPARSE,
     MaskedNode,
@@ -32,9 +32,6 @@ except ImportError:  # a torch build without torch.distributed
 
     class DTensor:  # type: ignore[no-redef]
         """Stands in for torch.distributed.tensor.DTensor: nothing is an instance."""
-
-
-_DEVICE = attrgetter("device")
 
 
 def _to_python(value: Any) -> Any:
@@ -291,7 +288,7 @@ def _local_shards(
 def _check_fused(params: list[Tensor], grads: list[Tensor]) -> None:
     # torch's own check and message (its list of devices), once per device and dtype (it
     # costs microseconds: with hundreds of params, as much as a GPU's step); read list-wise
-    if len(set(map(DTYPE, params))) == 1 and len(set(map(_DEVICE, params))) == 1:
+    if len(set(map(DTYPE, params))) == 1 and len(set(map(DEVICE, params))) == 1:
         _device_dtype_check_for_fused(params[0])
     else:
         for p in {(p.device.type, p.dtype): p for p in params}.values():
