@@ -18,7 +18,9 @@ Rules the math follows:
   (the adapters), a zero update in fresh memory (the functional path in plain eager
   mode: `Fresh` memory for blocks of large CPU tensors, zeros in the lists of `ForEach`
   groups, on a GPU and for small CPU tensors), or ``None``, a zero update
-  not yet allocated (`Pure`, `PureForEach`). Only ``add_``, ``addcdiv_`` and ``decay_``
+  not yet allocated (`Pure`, `PureForEach`, and a building block that runs an
+  algorithm's math: see ``transforms/from_algorithm.py``); the first op that writes it
+  then returns a new tensor. Only ``add_``, ``addcdiv_`` and ``decay_``
   write to ``out``, the math uses the ``out`` they return, and it reads ``p`` before it
   writes to ``out``.
 - `ForEach` is `InPlace` with every tensor argument a `TensorList`: each op is one
@@ -225,13 +227,17 @@ class InPlace:
         return (x.full_tensor() if hasattr(x, "full_tensor") else x).item()
 
     @staticmethod
-    def add_(x: Tensor | Fresh, y: Tensor | Coef, alpha: Coef = 1) -> Tensor:
+    def add_(x: Tensor | Fresh | None, y: Tensor | Coef, alpha: Coef = 1) -> Tensor:
+        if x is None:
+            return torch.mul(y, alpha)
         if isinstance(x, Fresh):
             return torch.mul(y, alpha, out=x.memory)
         return x.add_(y, alpha=alpha)
 
     @staticmethod
-    def addcdiv_(x: Tensor | Fresh, a: Tensor, b: Tensor, value: Coef = 1) -> Tensor:
+    def addcdiv_(x: Tensor | Fresh | None, a: Tensor, b: Tensor, value: Coef = 1) -> Tensor:
+        if x is None:  # (rounded as `Pure.addcdiv_`)
+            return torch.div(a, b) if value == 1 else torch.mul(a, value).div_(b)
         if isinstance(x, Fresh):
             return torch.addcdiv(a.new_zeros(()), a, b, value=value, out=x.memory)
         return x.addcdiv_(a, b, value=value)
@@ -241,9 +247,11 @@ class InPlace:
         return torch.maximum(x, y, out=x)
 
     @staticmethod
-    def decay_(out: Tensor | Fresh, p: Tensor, factor: Coef) -> Tensor:
+    def decay_(out: Tensor | Fresh | None, p: Tensor, factor: Coef) -> Tensor:
         """Multiply the param by `factor` (decoupled weight decay): `out` is the param,
         or an update to it, which becomes ``(p + out) * factor - p``."""
+        if out is None:
+            return torch.mul(p, factor - 1)
         if isinstance(out, Fresh):
             return torch.mul(p, factor - 1, out=out.memory)
         if out is p:
@@ -300,6 +308,10 @@ def _clamp(clamp_min: Any, clamp_max: Any) -> Any:
     return lambda x, low, high: clamp_max(clamp_min(x, low), high)
 
 
+_add_ = _foreach_(torch._foreach_add_)
+_addcdiv_ = _foreach_(torch._foreach_addcdiv_)
+
+
 class ForEach:
     """`InPlace` on lists of tensors: one ``torch._foreach_*`` call per op."""
 
@@ -330,14 +342,12 @@ class ForEach:
     sqrt = staticmethod(_foreach(torch._foreach_sqrt))
     add = staticmethod(_foreach(torch._foreach_add))
     div = staticmethod(_foreach(torch._foreach_div))
-    add_ = staticmethod(_foreach_(torch._foreach_add_))
     mul_ = staticmethod(_foreach_(torch._foreach_mul_))
     div_ = staticmethod(_foreach_(torch._foreach_div_))
     sqrt_ = staticmethod(_foreach_(torch._foreach_sqrt_))
     reciprocal_ = staticmethod(_foreach_(torch._foreach_reciprocal_))
     lerp_ = staticmethod(_foreach_(torch._foreach_lerp_))
     addcmul_ = staticmethod(_foreach_(torch._foreach_addcmul_))
-    addcdiv_ = staticmethod(_foreach_(torch._foreach_addcdiv_))
     maximum_ = staticmethod(_foreach_(torch._foreach_maximum_))
     copy_ = staticmethod(_foreach_(torch._foreach_copy_, lambda x, y: [t.clone() for t in y]))
     clone = staticmethod(_each(torch.clone))
@@ -346,8 +356,22 @@ class ForEach:
     item = staticmethod(_each(InPlace.item))
 
     @staticmethod
-    def decay_(out: TensorList, p: TensorList, factor: Coef) -> TensorList:
+    def add_(x: TensorList | None, y: TensorList | Coef, alpha: Coef = 1) -> TensorList:
+        if x is None:
+            return TensorList(torch._foreach_mul(y, alpha))
+        return _add_(x, y) if alpha == 1 else _add_(x, y, alpha=alpha)  # (no alpha for a number)
+
+    @staticmethod
+    def addcdiv_(x: TensorList | None, a: TensorList, b: TensorList, value: Coef = 1) -> TensorList:
+        if x is None:
+            return TensorList(torch._foreach_div(a if value == 1 else torch._foreach_mul(a, value), b))
+        return _addcdiv_(x, a, b, value=value)
+
+    @staticmethod
+    def decay_(out: TensorList | None, p: TensorList, factor: Coef) -> TensorList:
         """`InPlace.decay_` on lists."""
+        if out is None:
+            return TensorList(torch._foreach_mul(p, factor - 1))
         out = ForEach.mul_(out, factor)
         if out is not p:
             torch._foreach_add_(out, p, alpha=factor - 1)

@@ -7,7 +7,7 @@ A block's math (see ``blocks.py``) is ``math(o, u, owned, p, buffers, c) -> (upd
 owned, new buffers)``: it turns the update so far `u` into the block's. An algorithm's is
 ``elementwise(o, out, p, g, *buffers, coefficients, **hyperparams) -> (out, new
 buffers)``: it adds its step to ``out``. The two meet where the algorithm steps a zero
-update (``out`` None, not allocated, with any ops: see `_InPlaceOut`) with `u` as its
+update (``out`` None, not allocated, which every ops namespace takes) with `u` as its
 gradient, a learning rate of -1 and no weight decay: its ``out`` is then the
 block's update. The block computes the algorithm's coefficients with the algorithm's own
 ``schedule`` (at its count, as a float64 tensor), so both faces of the block, the pure
@@ -23,58 +23,11 @@ from typing import Any
 import torch
 
 from ..core.base import State, Updates
-from ..engine.ops import ForEach, InPlace, Pure, TensorList
+from ..engine.ops import Pure
 from .blocks import _alike, _buffer, _columns
 from .clipping import coef
 
 __all__ = ["BlockMath", "betas_and_eps", "step_leaves"]
-
-
-class _InPlaceOut(InPlace):
-    """`InPlace` where ``out`` may be None, a zero update not allocated yet (as with
-    `Pure`): the first op that writes it returns a new tensor, rounded as `Pure`'s."""
-
-    @staticmethod
-    def add_(x: Any, y: Any, alpha: Any = 1) -> Any:
-        return torch.mul(y, alpha) if x is None else InPlace.add_(x, y, alpha)
-
-    @staticmethod
-    def addcdiv_(x: Any, a: Any, b: Any, value: Any = 1) -> Any:
-        if x is None:
-            return torch.div(a, b) if value == 1 else torch.mul(a, value).div_(b)
-        return InPlace.addcdiv_(x, a, b, value)
-
-    @staticmethod
-    def decay_(out: Any, p: Any, factor: Any) -> Any:
-        return torch.mul(p, factor - 1) if out is None else InPlace.decay_(out, p, factor)
-
-
-class _ForEachOut(ForEach):
-    """`_InPlaceOut` on lists (`ForEach`'s ops)."""
-
-    @staticmethod
-    def add_(x: Any, y: Any, alpha: Any = 1) -> Any:
-        if x is None:
-            return TensorList(torch._foreach_mul(y, alpha))
-        return (
-            ForEach.add_(x, y) if alpha == 1 else ForEach.add_(x, y, alpha=alpha)
-        )  # (no alpha for a number)
-
-    @staticmethod
-    def addcdiv_(x: Any, a: Any, b: Any, value: Any = 1) -> Any:
-        if x is None:
-            return TensorList(torch._foreach_div(a if value == 1 else torch._foreach_mul(a, value), b))
-        return ForEach.addcdiv_(x, a, b, value=value)
-
-    @staticmethod
-    def decay_(out: Any, p: Any, factor: Any) -> Any:
-        return (
-            TensorList(torch._foreach_mul(p, factor - 1)) if out is None else ForEach.decay_(out, p, factor)
-        )
-
-
-_WITH_OUT: dict[Any, Any] = {InPlace: _InPlaceOut, ForEach: _ForEachOut}
-"""The ops that take ``out`` as None, for each namespace (`Pure` and `PureForEach` do)."""
 
 
 class BlockMath:
@@ -102,7 +55,7 @@ class BlockMath:
     def __call__(self, o: Any, u: Any, owned: bool, p: Any, buffers: Sequence[Any], c: Sequence[Any]) -> Any:
         k = len(c) - self.per_step
         out, new = self.elementwise(
-            _WITH_OUT.get(o, o), None, p, u, *buffers, *self.absent, tuple(c[:k]),
+            o, None, p, u, *buffers, *self.absent, tuple(c[:k]),
             **self.static, **self.hyperparams(*c[k:]),
         )  # fmt: skip
         return out, True, tuple(new)[: len(buffers)]
