@@ -9,8 +9,7 @@ import pytest
 import torch
 
 import funcopt as fo
-from funcopt._src.engine import inplace
-from funcopt._src.engine.algorithm import Algorithm
+from funcopt._src.engine import groups, inplace
 from funcopt._src.engine.inplace import (
     BLOCKS,
     CHUNKS,
@@ -94,7 +93,7 @@ def test_the_usual_update_equals_the_per_leaf_grouping(name, monkeypatch):
         return optree.tree_leaves((p, state))
 
     usual = run()
-    monkeypatch.setattr(Algorithm, "_usual", lambda *args: None)
+    monkeypatch.setattr(groups, "usual", lambda *args: None)
     for a, b in zip(usual, run(), strict=True):
         assert torch.equal(a, b)
 
@@ -103,7 +102,7 @@ def test_leaves_not_alike_take_the_per_leaf_grouping():
     """Mixed dtypes, a None gradient, or a state moved leaf by leaf (counters not shared)
     are not the usual case; the per-leaf grouping steps them as torch would."""
     calls = []
-    found = Algorithm._usual
+    found = groups.usual
 
     def spy(*args):
         calls.append(found(*args))
@@ -112,7 +111,7 @@ def test_leaves_not_alike_take_the_per_leaf_grouping():
     params = {"a": torch.ones(3), "b": torch.ones(2, dtype=torch.float64)}
     tx = fo.adam(lr=0.1)
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(Algorithm, "_usual", spy)
+        m.setattr(groups, "usual", spy)
         tx.update({"a": torch.ones(3), "b": torch.ones(2, dtype=torch.float64)}, tx.init(params), params)
         assert calls[-1] is None
         same = {"a": torch.ones(3), "b": torch.ones(2)}

@@ -46,8 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
-import operator
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -58,14 +56,11 @@ from torch import Tensor
 from ..core.base import (
     DEVICE,
     DTYPE,
-    IS_SPARSE,
-    SHAPE,
     GradientTransformation,
     MaskedNode,
     Params,
     State,
     Updates,
-    a_kind,
     as_complex,
     as_real,
     flatten_together,
@@ -76,17 +71,12 @@ from ..core.base import (
     untraced,
 )
 from ..core.hyperparams import has_schedule, with_schedules
-from . import inplace
+from . import groups, inplace
 from .bounds import Bound, Check, Hyperparams, Prepared, normalize
 from .leaves import (
-    _keep,
     check_param,
     device_error,
-    group_by,
     initial_buffer,
-    mismatch_error,
-    rows,
-    same_batched,
     scalar_dtype,
 )
 from .ops import Pure, PureForEach, TensorList, nonzero
@@ -328,7 +318,7 @@ class Algorithm:
             [None if type(b) is MaskedNode else b for b in column] for column in columns[k:]
         ]
         usual = (
-            self._usual(hyperparams, p_leaves, g_leaves, columns[:k], buffer_columns, creating)
+            groups.usual(self, hyperparams, p_leaves, g_leaves, columns[:k], buffer_columns, creating)
             if eager
             else None
         )
@@ -345,196 +335,20 @@ class Algorithm:
                 *([MaskedNode() for _ in range(n)] if b is None else b for b in new_buffers),
             ]
         new_columns = [list(column) for column in columns]
-        groups: list[tuple[Any, list[int]]] = []  # coefficients and leaves, by what they share
+        found: groups.Groups = []  # coefficients and leaves, by what they share
         updates: list[Tensor | None] = [None] * n
         if usual is not None:  # one group, checked column by column
             new, coefficients = usual
             for column, value in zip(new_columns, new):
                 column[:] = [value] * n
-            groups.append((coefficients, list(range(n))))
+            found.append((coefficients, list(range(n))))
         else:
-            self._group_leaves(hyperparams, p_leaves, g_leaves, columns, buffer_columns,
-                               new_columns, updates, groups, lists_ok, eager, traceable, creating)  # fmt: skip
+            groups.group_leaves(self, hyperparams, p_leaves, g_leaves, columns, buffer_columns,
+                                new_columns, updates, found, lists_ok, eager, traceable, creating)  # fmt: skip
         face = inplace.FRESH if eager else inplace.WRITTEN_BACK if written_back else inplace.RECORDED
         gs = cast(Sequence[Tensor], g_leaves)  # (a grouped leaf has a gradient)
-        keep = functools.partial(_keep, updates, new_columns[k:])
-        for coefficients, indices in groups:
-            likes = [gs[i] if (p := p_leaves[i]) is None else p for i in indices]
-            members = inplace.pick(buffer_columns, indices)
-            for route, chosen in inplace.plan(likes, members, face).items():
-                picked = indices if len(chosen) == len(indices) else [indices[c] for c in chosen]
-                if route == inplace.LISTS:
-                    group = inplace.pick((p_leaves, gs, *buffer_columns), picked)
-                    if eager:
-                        outs, new_buffers = inplace.fresh_lists(self, coefficients, hyperparams, group)
-                    else:
-                        outs, new_buffers = self._pure_lists(coefficients, hyperparams, group)
-                    for j, i in enumerate(picked):  # (`keep`, inline: a call per leaf counts)
-                        updates[i] = outs[j]
-                        for column, values in zip(new_columns[k:], new_buffers):
-                            column[i] = MaskedNode() if values is None else values[j]
-                    continue
-                for i in picked:  # by itself: in fresh memory, block by block, or with `Pure` ops
-                    p, g, buffers = p_leaves[i], gs[i], [column[i] for column in buffer_columns]
-                    if route == inplace.BLOCKS:
-                        keep(i, *inplace.fresh_step(self, coefficients, hyperparams, p, g, buffers))
-                    else:
-                        keep(i, *self._pure_step(p, g, buffers, coefficients, hyperparams))
+        groups.run(self, hyperparams, found, p_leaves, gs, buffer_columns, updates, new_columns[k:], face)
         return updates, new_columns
-
-    def _usual(
-        self,
-        hyperparams: Hyperparams,
-        p_leaves: Sequence[Tensor | None],
-        g_leaves: Sequence[Tensor | None],
-        counters: Sequence[Sequence[Tensor]],
-        buffer_columns: Sequence[Sequence[Tensor | None]],
-        creating: Callable[[Sequence[Tensor | None]], bool],
-    ) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
-        """The usual eager update, found column by column (a per-leaf loop costs about
-        as much as the math on a small model): every leaf has a gradient, dense, and a
-        param (or none has), all share their counters, dtype and device and have their
-        param's shape, and each buffer is present for all or for none, with none to
-        create; the math is per element and its coefficients are numbers. Returns the new
-        counters and the coefficients, or None where `_group_leaves` must look at each
-        leaf (which also raises the errors)."""
-        # (maps, not comprehensions: this runs at every update, and costs per call)
-        n = len(g_leaves)
-        if not self.per_element or not n or any(map(_IS_NONE, g_leaves)):
-            return None
-        gs = cast(list[Tensor], g_leaves)
-        firsts = tuple(map(_FIRST, counters))
-        for shared, first in zip(counters, firsts):
-            if not all(map(operator.is_, shared, itertools.repeat(first, n))):
-                return None
-        shapes, dtypes = list(map(SHAPE, gs)), list(map(DTYPE, gs))
-        with_params = p_leaves[0] is not None
-        if _mixed(p_leaves, with_params):
-            return None
-        same = [cast(Sequence[Tensor], p_leaves)] if with_params else []  # what has the gradient's shape
-        for column in buffer_columns:
-            present = column[0] is not None
-            if _mixed(column, present):
-                return None
-            if present and self.buffers_like_param:
-                same.append(cast(Sequence[Tensor], column))
-        if any(map(IS_SPARSE, gs)) or dtypes.count(dtypes[0]) != n:
-            return None
-        devices = list(map(DEVICE, same[0] if with_params else gs))
-        if devices.count(devices[0]) != n:
-            return None
-        for alike in same:
-            if list(map(SHAPE, alike)) != shapes or list(map(DTYPE, alike)) != dtypes:
-                return None
-        if creating(list(map(_FIRST, buffer_columns))):
-            return None
-        new, coefficients = self._schedule(firsts, hyperparams, False, {})
-        if any([isinstance(c, Tensor) for c in coefficients]):
-            return None
-        return new, coefficients
-
-    def _group_leaves(
-        self,
-        hyperparams: Hyperparams,
-        p_leaves: Sequence[Tensor | None],
-        g_leaves: Sequence[Tensor | None],
-        columns: Sequence[Sequence[Any]],
-        buffer_columns: Sequence[Sequence[Tensor | None]],
-        new_columns: list[list[Any]],
-        updates: list[Tensor | None],
-        groups: list[tuple[Any, list[int]]],
-        lists_ok: bool,
-        eager: bool,
-        traceable: bool,
-        creating: Callable[[Sequence[Tensor | None]], bool],
-    ) -> None:
-        """`update_leaves`' grouping, leaf by leaf: it checks each leaf, writes its new
-        counters into `new_columns`, steps a leaf that must step by itself (into
-        `updates` and `new_columns`), and adds the others to `groups`, by what their math
-        shares."""
-        k = len(self.counters)
-        n = len(g_leaves)
-        # per leaf: its counters, its buffers (None where absent), which are absent
-        counter_rows = rows(columns[:k], n)
-        buffer_rows = rows(buffer_columns, n)
-        absent_rows = rows([[b is None for b in column] for column in buffer_columns], n)
-        # the previous leaf's counters, their schedule, and whether its coefficients are numbers
-        last: tuple[tuple[Any, ...], Any, bool] | None = None
-        by_value: dict[Any, Any] = {}  # readable counters' values -> their schedule
-        keep = functools.partial(_keep, updates, new_columns[k:])
-        members: list[int] = []  # the leaves that step in groups, their keys, their coefficients
-        keys: list[tuple[Any, ...]] = []
-        by_id: dict[int, Any] = {}
-        for i, (p, g, counters, buffers, absent) in enumerate(
-            zip(p_leaves, g_leaves, counter_rows, buffer_rows, absent_rows)
-        ):
-            if g is None:  # skipped, as torch skips a param without .grad
-                continue
-            sparse = self._check_leaf(i, p, g, buffers, hyperparams)
-            last = self._run_schedule(last, counters, hyperparams, traceable, by_value)
-            _, (new, coefficients), numeric = last
-            for column, value in zip(new_columns, new):
-                column[i] = value
-            # a param with a buffer to create, or whose math looks across elements, steps by
-            # itself with the `Pure` ops; so does any param where lists cannot serve
-            if not lists_ok or not numeric or sparse or not self.per_element or creating(buffers):
-                keep(i, *self._pure_step(p, g, buffers, coefficients, hyperparams))
-                continue
-            # Without params the math never reads p: only weight decay does, and `update`
-            # refuses it without params. The in-place paths then take p as None.
-            like = g if p is None else p  # what the update is shaped and typed like
-            # the others in groups that `inplace.plan` runs, by what their math shares (and
-            # those that record apart: all a foreach op's outputs record if one does)
-            keys.append((id(coefficients), like.dtype, like.device, p is None, absent,
-                         not eager and records((p, g), buffers)))  # fmt: skip
-            members.append(i)
-            by_id[id(coefficients)] = coefficients  # (also keeps them, and so their id, alive)
-        for key, positions in group_by([keys]).items():
-            groups.append((by_id[key[0][0]], [members[j] for j in positions]))
-
-    def _check_leaf(
-        self, i: int, p: Tensor | None, g: Any, buffers: Sequence[Tensor | None], hyperparams: Hyperparams
-    ) -> bool:
-        """Raise if leaf i's gradient is no tensor, or its param or buffers are shaped or
-        typed unlike it, or it is sparse where the algorithm takes no sparse gradient.
-        Returns whether it is sparse."""
-        if not isinstance(g, Tensor):
-            raise TypeError(
-                f"{self.name} update: the gradient of leaf {i} is {a_kind(g)}; "
-                "grads must be a pytree of tensors (None for a param to skip)"
-            )
-        if g.is_sparse:
-            self.check_sparse_grad(hyperparams)
-        shape, dtype = g.shape, g.dtype
-        for t in (p, *(buffers if self.buffers_like_param else ())):
-            if t is not None and (t.shape != shape or t.dtype != dtype):
-                raise mismatch_error(self.name, self.buffer_fields, i, p, g, buffers)
-        return g.is_sparse
-
-    def _run_schedule(
-        self,
-        last: tuple[tuple[Any, ...], Any, bool] | None,
-        counters: tuple[Any, ...],
-        hyperparams: Hyperparams,
-        traceable: bool,
-        by_value: dict[Any, Any],
-    ) -> tuple[tuple[Any, ...], Any, bool]:
-        """A leaf's counters, their schedule, and whether its coefficients are numbers:
-        those of the `last` leaf where it has the same counters. Leaves share their
-        counter tensors (see init): the schedule is computed once per run of leaves with
-        the same counters. Compared by identity, not id() (torch.compile would guard on
-        id values), or as views of one batched counter (`same_batched`), and with the last
-        run only (a search of all would make tracing quadratic in the number of leaves)."""
-        if last is not None and (
-            not any(map(operator.is_not, last[0], counters))
-            or all(a is b or same_batched(a, b) for a, b in zip(last[0], counters))
-        ):
-            return last
-        schedule = self._schedule(counters, hyperparams, traceable, by_value)
-        # coefficients in tensors (from a tensor hyperparameter, or counters not read:
-        # traced, or on the meta device) take the `Pure` ops one leaf at a time; the
-        # foreach and in-place ops take numbers
-        return counters, schedule, not any(isinstance(c, Tensor) for c in schedule[1])
 
     def creating(self, hyperparams: Hyperparams) -> Callable[[Sequence[Tensor | None]], bool]:
         """A test of a param's buffers: whether the math creates one of them at this step
@@ -661,15 +475,6 @@ def _counter(value: Any, like: Tensor) -> Tensor:
         return torch.scalar_tensor(value, dtype=like.dtype, device=like.device)  # (the faster)
     except RuntimeError:  # a float that overflows the dtype: torch.tensor makes it inf
         return torch.tensor(value, dtype=like.dtype, device=like.device)
-
-
-_IS_NONE = functools.partial(operator.is_, None)
-_FIRST = operator.itemgetter(0)
-
-
-def _mixed(leaves: Sequence[Any], present: bool) -> bool:
-    """Whether some of `leaves` are None and some not, where the first is `present`."""
-    return any(map(_IS_NONE, leaves)) if present else not all(map(_IS_NONE, leaves))
 
 
 def _holds_tensor(hyperparams: Hyperparams) -> bool:
