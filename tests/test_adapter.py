@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import inspect
 import io
 import pickle
@@ -1101,3 +1102,21 @@ def test_compiled_chain_step_warns_nothing_and_steps_as_eager():
                 step()
         results.append([p.detach() for p in model.parameters()])
     torch.testing.assert_close(results[1], results[0])
+
+
+def test_a_users_algorithm_with_a_torch_name_takes_no_torch_habits():
+    """torch's Adagrad makes its state at construction; funcopt's Adagrad algorithm, run by
+    `fo.Optimizer`, does too. A user's algorithm that takes the name (here a copy of it)
+    is not torch's class, and makes its state at the first step, as any other."""
+    adagrad = fo.engine.registered("Adagrad")
+    mine = dataclasses.replace(adagrad)
+    p = torch.nn.Parameter(torch.ones(2))
+    hyperparams = dict(
+        lr=0.1, lr_decay=0, weight_decay=0, initial_accumulator_value=0, eps=1e-10, maximize=False
+    )
+    assert fo.Optimizer([p], adagrad, **hyperparams).state[p]
+    opt = fo.Optimizer([p], mine, **hyperparams)
+    assert not opt.state
+    p.grad = torch.ones(2)
+    opt.step()
+    assert set(opt.state[p]) == {"step", "sum"}

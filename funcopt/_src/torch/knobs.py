@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine.algorithm import Algorithm
+from ..engine.algorithm import REGISTRY, Algorithm
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,7 @@ class TorchKnobs:
     group), not from the constructor's defaults (which torch's Adagrad reads)."""
 
 
+_DEFAULTS = TorchKnobs()
 _FROM_GROUP = TorchKnobs(initial_from_group=True)
 KNOBS: dict[str, TorchKnobs] = {
     "Adagrad": TorchKnobs(eager_state=True),
@@ -33,8 +34,12 @@ KNOBS: dict[str, TorchKnobs] = {
 
 
 def knobs(algorithm: Algorithm) -> TorchKnobs:
-    """`algorithm`'s record (the defaults for one torch.optim has no class of)."""
-    return KNOBS.get(algorithm.name, TorchKnobs())
+    """`algorithm`'s record: the defaults, but for funcopt's own algorithm of a torch.optim
+    class's name (the one registered under it). A user's algorithm that takes the same
+    name does not inherit torch's habits for that class."""
+    if REGISTRY.get(algorithm.name) is not algorithm:
+        return _DEFAULTS
+    return KNOBS.get(algorithm.name, _DEFAULTS)
 
 
 def counters_on_device(algorithm: Algorithm, group: dict[str, Any]) -> bool:
