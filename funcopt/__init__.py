@@ -57,6 +57,7 @@ from ._src.core.base import (
 )
 from ._src.core.hyperparams import ScheduledState
 from ._src.engine.algorithm import Algorithm, Bound, Check
+from ._src.engine.leaves import AtFirstStep
 from ._src.meta import inner_loop
 from ._src.scan_loop import scan_inner_loop
 from ._src.torch import catalogue_classes as _catalogue_classes
@@ -118,6 +119,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ASGD",
     "Algorithm",
+    "AtFirstStep",
     "Bound",
     "Check",
     "ASGDState",

@@ -24,6 +24,7 @@ from torch import Tensor
 from ..core.base import Params
 from ..engine.algorithm import Algorithm
 from ..engine.bounds import Bound, Check, Hyperparams
+from ..engine.leaves import AtFirstStep
 from ..engine.ops import Coef, Ops, nonzero, power
 from .adam import _elementwise as adam_elementwise
 from .adam import _schedule as adam_schedule
@@ -328,10 +329,10 @@ class LarsState(NamedTuple):
     momentum_buffer: Params
 
 
-def _lars_initial(*, momentum: Coef = 0.0, functional: bool = False, **_: Any) -> LarsState:
+def _lars_initial(*, momentum: Coef = 0.0, **_: Any) -> LarsState:
     """As SGD's: a functional state holds the buffer from init, as zeros, and the first
     step from zeros is the copy (see `DampedFromSecondStep`)."""
-    return LarsState(momentum_buffer=0.0 if functional and nonzero(momentum) else None)
+    return LarsState(momentum_buffer=AtFirstStep(0.0) if nonzero(momentum) else None)
 
 
 def _lars_ratio(

@@ -24,6 +24,7 @@ from ..core.base import GradientTransformation, Params
 from ..core.hyperparams import with_schedules
 from ..engine.algorithm import Algorithm
 from ..engine.bounds import Bound, Check, Hyperparams
+from ..engine.leaves import AtFirstStep
 from ..engine.ops import Coef, Ops, nonzero
 
 
@@ -34,11 +35,11 @@ class SGDState(NamedTuple):
     momentum_buffer: Params
 
 
-def _initial(*, momentum: Coef = 0.0, functional: bool = False, **_: Any) -> SGDState:
+def _initial(*, momentum: Coef = 0.0, **_: Any) -> SGDState:
     """torch makes the momentum buffer at the first step, a copy of the gradient. A
     functional state holds it from init, as zeros, so that its structure never changes
     (`DampedFromSecondStep` makes the first step's dampening 0, so that the step from zeros is that copy)."""
-    return SGDState(momentum_buffer=0.0 if functional and nonzero(momentum) else None)
+    return SGDState(momentum_buffer=AtFirstStep(0.0) if nonzero(momentum) else None)
 
 
 @dataclass(frozen=True)

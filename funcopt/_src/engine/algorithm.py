@@ -25,17 +25,16 @@ An algorithm file (see ``nadam.py``) gives:
 - ``bounds``: torch's checks, in torch's order: range checks (`Bound`), and any other
   rule (`Check`).
 
-A buffer may be absent, as torch.optim creates some state keys only for some options
-(Adam's ``max_exp_avg_sq`` with ``amsgrad``) or only at the first step (SGD's
-``momentum_buffer``, a copy of the first gradient). ``initial`` gives None for it, and
-the math then gets None in its place; it returns None for a buffer it leaves absent,
-or a new tensor for one it creates. A buffer that the math creates at the first step is
-None for the torch classes and a value when ``initial`` is called with
-``functional=True``: a functional state holds it from init, so that its structure never
-changes. Otherwise a functional state holds an empty node (`MaskedNode`) there, a
-torch.optim state no key. ``initial`` may also give
-a function of the param that makes its buffer (a buffer not shaped like its param, such
-as Adafactor's factored ``row_var``), or None where that param has none.
+``initial`` declares how each buffer starts: a number (or 0-d tensor) fills one like
+its param (0.0: zeros), a function of the param makes one (Adafactor's factored
+``row_var``, not shaped like its param), None leaves it absent, as torch.optim creates
+some keys only for some options (Adam's ``max_exp_avg_sq`` with ``amsgrad``), and
+`AtFirstStep` marks one that torch makes at the first step (SGD's ``momentum_buffer``, a
+copy of the first gradient): absent for the torch classes, held from init by a
+functional state, so that its structure never changes. The math gets None for an absent
+buffer, and returns None for one it leaves absent, or a new tensor for one it creates.
+A functional state holds an empty node (`MaskedNode`) for an absent buffer, a
+torch.optim state no key.
 
 Calling an `Algorithm` with hyperparameters gives the functional transformation;
 ``adapter.py`` and ``inplace.py`` run the same two functions in place for the
@@ -76,8 +75,10 @@ from .bounds import Bound, Check, Hyperparams, Prepared, normalize
 from .leaves import (
     check_param,
     device_error,
+    functional_start,
     initial_buffer,
     scalar_dtype,
+    torch_start,
 )
 from .ops import Pure, PureForEach, TensorList, nonzero
 
@@ -154,6 +155,8 @@ class Algorithm:
     fields: tuple[str, ...] = field(init=False)
     # the hyperparameters that are pairs: those a bound indexes (betas) or a check reads
     pairs: tuple[str, ...] = field(init=False)
+    # what `update`'s messages call its arguments (see `_names`)
+    update_names: tuple[str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fields", tuple(self.state._fields))
@@ -215,7 +218,7 @@ class Algorithm:
         (leaves,), unflatten = flatten_together(params)
         # functional: a buffer that torch makes at the first step may start here, so that
         # the state keeps one structure from init on (SGD's momentum_buffer, as zeros)
-        initial = self.initial(**hyperparams, functional=True)
+        initial = [functional_start(v) for v in self.initial_values(hyperparams, functional=True)]
         k = len(self.counters)
         # One counter per device and dtype, shared by the leaves. Its dtype is torch's
         # (the default dtype, see `scalar_dtype`), or float64 for float64 params: a float64
@@ -352,23 +355,31 @@ class Algorithm:
 
     def creating(self, hyperparams: Hyperparams) -> Callable[[Sequence[Tensor | None]], bool]:
         """A test of a param's buffers: whether the math creates one of them at this step
-        (absent, where a functional state holds it from init: SGD's momentum_buffer). A
-        param with one to create steps by itself, off the fast paths."""
+        (absent, where a functional state holds it from init: `AtFirstStep`). A param
+        with one to create steps by itself, off the fast paths."""
         k = len(self.counters)
-        in_place = self.initial(**hyperparams)[k:]
+        in_place = self.initial_values(hyperparams)[k:]
         if all(v is not None for v in in_place):
             return lambda buffers: False
-        functional = self.initial(**hyperparams, functional=True)[k:]
+        functional_values = self.initial_values(hyperparams, functional=True)[k:]
         creates = {
             name
-            for name, a, b in zip(self.buffer_fields, in_place, functional)
-            if a is None and b is not None
+            for name, a, b in zip(self.buffer_fields, in_place, functional_values)
+            if a is None and functional_start(b) is not None
         }
         if not creates:
             return lambda buffers: False
         return lambda buffers: any(
             b is None and name in creates for name, b in zip(self.buffer_fields, buffers)
         )
+
+    def initial_values(self, hyperparams: Hyperparams, functional: bool = False) -> list[Any]:
+        """`initial`'s values for these hyperparameters, as the torch classes start (a
+        buffer made `AtFirstStep` absent), or as given, for a functional state. (An
+        ``initial`` written before `AtFirstStep` took a ``functional`` keyword, still
+        passed for those.)"""
+        values = self.initial(**hyperparams, functional=True) if functional else self.initial(**hyperparams)
+        return list(values) if functional else [torch_start(v) for v in values]
 
     def _derived(self, hyperparams: Hyperparams) -> tuple[Callable[[Sequence[Tensor | None]], bool], bool]:
         """What an update derives from the hyperparameters alone: the `creating` test, and
@@ -392,12 +403,12 @@ class Algorithm:
 
     def stateless(self, hyperparams: Hyperparams) -> bool:
         """Whether a param's state is empty at first (SGD's: no counters, its buffer absent)."""
-        return not self.counters and all(v is None for v in self.initial(**hyperparams))
+        return not self.counters and all(v is None for v in self.initial_values(hyperparams))
 
     def optional(self, hyperparams: Hyperparams) -> tuple[str, ...]:
         """The buffers that a param's state may lack for these hyperparameters: absent at
         first (`initial` gives None, or a function of the param that may)."""
-        initial = self.initial(**hyperparams)[len(self.counters) :]
+        initial = self.initial_values(hyperparams)[len(self.counters) :]
         return tuple(name for name, v in zip(self.buffer_fields, initial) if v is None or callable(v))
 
     @property

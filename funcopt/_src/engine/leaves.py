@@ -4,6 +4,7 @@ checks of a param, and the rows of per-key columns."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -93,6 +94,31 @@ def _keep(updates: list[Any], buffer_columns: Sequence[list[Any]], i: int, out: 
     updates[i] = out
     for column, value in zip(buffer_columns, results):
         column[i] = MaskedNode() if value is None else value
+
+
+@dataclass(frozen=True)
+class AtFirstStep:
+    """What `Algorithm.initial` gives for a buffer that torch.optim makes at the first step
+    (SGD's ``momentum_buffer``, a copy of the first gradient): the torch classes hold no
+    such key before it (the math gets None there, and returns the new buffer), and a
+    functional state holds `value` from ``init`` (a number, or a function of the param, as
+    ``initial`` gives other buffers), so that its structure never changes. The first step
+    from `value` must then give what torch's first step makes."""
+
+    value: Any
+
+
+AtFirstStep.__module__ = "funcopt"  # its public home
+
+
+def torch_start(value: Any) -> Any:
+    """An `initial` value as the torch classes start: None for a buffer made `AtFirstStep`."""
+    return None if isinstance(value, AtFirstStep) else value
+
+
+def functional_start(value: Any) -> Any:
+    """An `initial` value as a functional state starts: the value of an `AtFirstStep`."""
+    return value.value if isinstance(value, AtFirstStep) else value
 
 
 def initial_buffer(p: Tensor, value: Any) -> Tensor | None:

@@ -219,7 +219,7 @@ def torch_state(
 ) -> dict[str, Tensor]:
     """A param's state as torch.optim creates it: counters are 0-d tensors on the CPU (on
     the param's device if capturable or fused), buffers are shaped like `p`."""
-    initial = algorithm.initial(**hyperparams)
+    initial = algorithm.initial_values(hyperparams)
     k = len(algorithm.counters)
     state = {
         name: torch_counter(v, p, on_device=on_device, fused=fused)
