@@ -10,6 +10,7 @@ Sparse gradients update only the entries they hold, as in torch.
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import torch
@@ -49,8 +50,12 @@ def _elementwise(
     weight_decay: Coef,
     maximize: bool,
     eps_root: Coef = 0.0,
+    zero_where_no_sum: bool = False,
     **_: Any,
 ) -> tuple[Tensor, tuple[Tensor]]:
+    """Adagrad's step, also ``scale_by_rss``'s (catalogue/accumulators.py). funcopt only,
+    as optax's: `eps_root` and `zero_where_no_sum` (no step, where ``0 / 0`` would be one,
+    where the sum is not positive)."""
     (clr,) = coefficients
     if maximize:
         g = o.neg(g)
@@ -69,6 +74,8 @@ def _elementwise(
         sum_ = o.addcmul_(sum_, g, g, value=1)
         std = o.sqrt(sum_) if not nonzero(eps_root) else o.sqrt_(o.add(sum_, eps_root))
         std = o.add_(std, eps)
+        if zero_where_no_sum:  # g / inf: a zero step
+            std = o.where(o.gt(sum_, 0), std, math.inf)
         out = o.addcdiv_(out, g, std, value=-clr)
     return out, (sum_,)
 

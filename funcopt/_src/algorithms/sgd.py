@@ -84,16 +84,31 @@ def _schedule(*, lr: Coef, **_: Any) -> tuple[tuple[()], tuple[Coef]]:
 
 
 def momentum_step(
-    o: Ops, g: Tensor, momentum_buffer: Tensor | None, momentum: Coef, dampening: Coef, nesterov: bool
+    o: Ops,
+    g: Tensor,
+    momentum_buffer: Tensor | None,
+    momentum: Coef,
+    dampening: Coef,
+    nesterov: bool,
+    *,
+    fused_nesterov: bool = True,
 ) -> tuple[Tensor, Tensor]:
-    """torch's SGD momentum (SGD's, Lars's): the direction to step along and the new
-    buffer, which the first step makes a copy of the gradient (absent: the torch class's
-    first step)."""
+    """torch's SGD momentum (SGD's, Lars's), also optax's ``trace`` (transforms/moments.py,
+    with no dampening): the direction to step along and the new buffer, which the first
+    step makes a copy of the gradient (absent: the torch class's first step). The
+    Nesterov direction ``g + momentum * buffer`` is torch's add with ``alpha``, or without
+    `fused_nesterov` a product then a sum, optax's, which rounds alike wherever an element
+    falls (torch's CPU add with ``alpha`` does not in bfloat16 and float16: see
+    ``transforms.blocks.FUSED_ADD``)."""
     if momentum_buffer is None:
         momentum_buffer = o.clone(g)
     else:
         momentum_buffer = o.add_(o.mul_(momentum_buffer, momentum), g, alpha=1 - dampening)
-    return (o.add(g, momentum_buffer, alpha=momentum) if nesterov else momentum_buffer), momentum_buffer
+    if not nesterov:
+        return momentum_buffer, momentum_buffer
+    if fused_nesterov:
+        return o.add(g, momentum_buffer, alpha=momentum), momentum_buffer
+    return o.add_(o.mul(momentum_buffer, momentum), g), momentum_buffer
 
 
 def _elementwise(

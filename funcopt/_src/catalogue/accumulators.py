@@ -13,9 +13,11 @@ import optree
 import torch
 from torch import Tensor
 
+from ..algorithms.adagrad import ADAGRAD
 from ..core.base import GradientTransformation, Params, State, Updates, flatten_together
 from ..core.hyperparams import accepts_schedules
 from ..transforms.clipping import Scalar, abs_sq, coef
+from ..transforms.from_algorithm import BlockMath, step_leaves
 from ._common import _bias_correction, _check_state, _count, _increment, full, leafwise, zeros
 from .sm3_math import PURE as SM3_PURE
 from .sm3_math import sm3_moments
@@ -129,15 +131,26 @@ def _rss_init(initial_accumulator_value: Scalar, params: Params) -> ScaleByRssSt
 def _rss_update(
     eps: Scalar, updates: Updates, state: State, params: Params | None = None, **extra_args: Any
 ) -> tuple[Updates, State]:
+    """`fo.adagrad`'s math (``algorithms/adagrad.py``) with a learning rate of -1
+    (``transforms/from_algorithm.py``): ``updates / sqrt(sum_of_squares + eps)``, 0 where
+    the sum is not positive, as optax's."""
     who = "scale_by_rss update"
     _check_state(state, ScaleByRssState, who)
-
-    def one(g: Tensor, s0: Tensor) -> tuple[Tensor, ...]:
-        s = abs_sq(g) + s0
-        return torch.where(s > 0, torch.rsqrt(s + coef(eps, g)), 0.0) * g, s
-
-    out, s = leafwise(who, one, updates, state.sum_of_squares, n_out=2)
+    _, coefficients = ADAGRAD.schedule(0, lr=-1, lr_decay=0)
+    out, (s,) = step_leaves(
+        who, _RSS_MATH, (*coefficients, eps), updates, state, ("sum_of_squares",), (None,)
+    )
     return out, ScaleByRssState(s)
+
+
+def _eps_root(eps: Any) -> dict[str, Any]:
+    return {"eps_root": eps}
+
+
+# optax's eps is inside the root: Adagrad's eps_root, its eps (outside) 0
+_RSS_MATH = BlockMath(
+    ADAGRAD.elementwise, 1, _eps_root, eps=0, weight_decay=0, maximize=False, zero_where_no_sum=True
+)
 
 
 @accepts_schedules

@@ -1,7 +1,8 @@
 """optax's moment accumulators: `trace` (momentum), `ema`, `scale_by_adam` and `scale_by_rms`, each
 with its math written once against the ops (`math(o, u, owned, p, buffers, c)`) for the pure
 update and the in-place chain of the torch face (torch/chain_inplace.py); `scale_by_adam`'s is
-`fo.adam`'s own (algorithms/adam.py, through from_algorithm.py)."""
+`fo.adam`'s own (algorithms/adam.py, through from_algorithm.py), `trace`'s SGD's momentum
+(algorithms/sgd.py's ``momentum_step``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import optree
 import torch
 from torch import Tensor
 
-from ..algorithms import adam
+from ..algorithms import adam, sgd
 from ..core.base import (
     GradientTransformation,
     Params,
@@ -83,12 +84,11 @@ def _trace_update(
 
 def _trace_math(nesterov: bool, o: Any, u: Any, owned: bool, p: Any, buffers: Any, c: Any) -> Any:
     """``trace = updates + decay * trace``; the update is the trace, or ``updates + decay
-    * trace`` with `nesterov`."""
+    * trace`` with `nesterov`: SGD's momentum (``sgd.momentum_step``) with no dampening,
+    its Nesterov direction optax's product then sum."""
     ((t0,), (decay,)) = buffers, c
-    t = o.add_(o.mul_(t0, decay), u)
-    if nesterov:
-        return o.add_(o.mul(t, decay), u), True, (t,)
-    return t, False, (t,)
+    direction, t = sgd.momentum_step(o, u, t0, decay, 0, nesterov, fused_nesterov=False)
+    return direction, nesterov, (t,)
 
 
 @accepts_schedules
