@@ -38,8 +38,8 @@ a function of the param that makes its buffer (a buffer not shaped like its para
 as Adafactor's factored ``row_var``), or None where that param has none.
 
 Calling an `Algorithm` with hyperparameters gives the functional transformation;
-``adapter.py`` and ``inplace.py`` run the same two functions in place for the
-torch.optim classes.
+the torch face's in-place driver (``torch/step.py``, on ``inplace.py``'s executors)
+runs the same two functions in place for the torch.optim classes.
 """
 
 from __future__ import annotations
