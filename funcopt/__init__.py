@@ -66,11 +66,8 @@ from ._src.torch.adapter import Optimizer
 from ._src.torch.catalogue_classes import *  # noqa: F403
 from ._src.torch.catalogue_inplace import (
     MADGRAD,
-    AdaBelief,
-    Adan,
     AdEMAMix,
     Adopt,
-    Lamb,
     Lars,
     NAdamW,
     NovoGrad,
@@ -92,6 +89,7 @@ from ._src.torch.classes import (
 )
 from ._src.torch.convert import functional_state, load_functional_state
 from ._src.torch.distance_classes import DAdaptAdamW, Prodigy
+from ._src.torch.lamb_adan_classes import AdaBelief, Adan, Lamb
 from ._src.torch.lbfgs import LBFGS
 
 # wt-64a: state_dicts in the format of the packages the drop-in classes follow

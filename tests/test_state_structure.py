@@ -50,7 +50,15 @@ WRAPPERS = {
     "multi_steps": lambda f, kw: fo.MultiSteps(f(**kw), every_k_schedule=2).gradient_transformation(),
     "apply_if_finite": lambda f, kw: fo.apply_if_finite(f(**kw), max_consecutive_errors=2),
     "inject_hyperparams": lambda f, kw: fo.inject_hyperparams(f)(**kw),
+    # a sync at step 2, which restarts the fast state from its init (reset_state)
+    "lookahead": lambda f, kw: fo.lookahead(f(**kw), sync_period=2, slow_step_size=0.5, reset_state=True),
 }
+
+
+def _given(tx_name, params):
+    """The params that the transformation's init and update take: lookahead's are the
+    fast and slow params (the gradients stay those of the fast ones)."""
+    return fo.LookaheadParams.init_synced(params) if "lookahead" in tx_name else params
 
 
 @pytest.mark.parametrize("wrapper", list(WRAPPERS))
@@ -59,11 +67,12 @@ def test_state_keeps_its_structure(name, wrapper):
     params = _params(name)
     for desc, kwargs in _option_sets(name):
         tx = WRAPPERS[wrapper](_factory(name), kwargs)
-        state = tx.init(params)
+        given = _given(wrapper, params)
+        state = tx.init(given)
         signatures = [_signature(state)]
         for step in range(3):
             make = torch.zeros_like if step == 1 else torch.randn_like  # a zero gradient too
-            _, state = tx.update(optree.tree_map(make, params), state, params)
+            _, state = tx.update(optree.tree_map(make, params), state, given)
             signatures.append(_signature(state))
         changes = sum(a != b for a, b in zip(signatures, signatures[1:]))
         assert changes == 0, f"{name} ({desc}, {wrapper})"
@@ -91,6 +100,7 @@ COMPILED["SGD dampening, inject_hyperparams"] = lambda: WRAPPERS["inject_hyperpa
     fo.sgd, {"lr": 0.1, "momentum": 0.9, "dampening": 0.1}
 )
 COMPILED["Adam, inject_hyperparams"] = lambda: WRAPPERS["inject_hyperparams"](fo.adam, {"lr": 0.1})
+COMPILED["SGD momentum, lookahead"] = lambda: WRAPPERS["lookahead"](fo.sgd, {"lr": 0.1, "momentum": 0.9})
 
 
 @pytest.mark.slow
@@ -99,14 +109,15 @@ def test_compiled_update_makes_one_graph_for_all_steps(name):
     torch._dynamo.reset()
     base = name.split()[0]
     params = _params(base if base in NAMES else "SGD")
+    given = _given(name, params)
     tx = COMPILED[name]()
     backend = _Count()
     update = torch.compile(tx.update, fullgraph=True, backend=backend)
-    state = tx.init(params)
+    state = tx.init(given)
     eager_state = state
     for _ in range(5):
         grads = optree.tree_map(torch.randn_like, params)
-        updates, state = update(grads, state, params)
-        expected, eager_state = tx.update(grads, eager_state, params)
+        updates, state = update(grads, state, given)
+        expected, eager_state = tx.update(grads, eager_state, given)
         torch.testing.assert_close(optree.tree_leaves(updates), optree.tree_leaves(expected))
     assert backend.graphs == 1, f"{name}: {backend.graphs} graphs over 5 steps"

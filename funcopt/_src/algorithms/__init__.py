@@ -1,2 +1,5 @@
-"""algorithms: one module per optimizer, holding its state, its math and its pure factory.
-They import `core` and `engine`, never the torch face."""
+"""algorithms: the engine `Algorithm`s, each with its state, its math and its pure factory.
+Most modules hold one optimizer; ``catalogue_more.py`` holds eight of the catalogue's and
+``lamb_adan.py`` four; L-BFGS (no `Algorithm`) spans ``lbfgs.py``, ``lbfgs_loop.py`` and
+``lbfgs_search.py``. They import `core` and `engine` (``lion.py`` also
+``transforms.masking``, for its mask), never the torch face."""

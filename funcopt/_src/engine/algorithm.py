@@ -37,8 +37,8 @@ A functional state holds an empty node (`MaskedNode`) for an absent buffer, a
 torch.optim state no key.
 
 Calling an `Algorithm` with hyperparameters gives the functional transformation;
-``adapter.py`` and ``inplace.py`` run the same two functions in place for the
-torch.optim classes.
+the torch face's in-place driver (``torch/step.py``, on ``inplace.py``'s executors)
+runs the same two functions in place for the torch.optim classes.
 """
 
 from __future__ import annotations

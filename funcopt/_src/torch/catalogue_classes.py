@@ -1,5 +1,6 @@
 """Drop-in ``torch.optim.Optimizer`` classes for the catalogue's optimizers whose math is
-no per-tensor `fo.Algorithm` (the others are in ``catalogue_inplace.py``): MoMo and the
+no per-tensor `fo.Algorithm` (the others are in ``catalogue_inplace.py`` and
+``lamb_adan_classes.py``): MoMo and the
 Polyak step size read the loss and sums over a param group's params; SM3 keeps its
 accumulators as one vector per dimension, unlike its params. Each steps a param group in
 place, with foreach ops where the math is per element, through the same math as its

@@ -75,9 +75,10 @@ _PLAIN_TYPES = frozenset(base._PLAIN)
 
 Math = Callable[..., tuple[Any, bool, Sequence[Any]]]
 """A block's per-element math: ``math(o, u, owned, p, buffers, coefficients) -> (u,
-owned, new buffers)``, as transforms.py writes it for both faces. `u` is the update so
-far; the math may write it in place only where `owned` (else it is the gradient or a
-state buffer). With `InPlace` and `ForEach` it updates its `buffers` in place."""
+owned, new buffers)``, as transforms/blocks.py and moments.py write it for both faces.
+`u` is the update so far; the math may write it in place only where `owned` (else it is
+the gradient or a state buffer). With `InPlace` and `ForEach` it updates its `buffers`
+in place."""
 
 
 def _num(value: Any, dtype: torch.dtype) -> Any:

@@ -82,53 +82,85 @@ def functional_state(optimizer: torch.optim.Optimizer, params: Params) -> State:
         )
     face = _Face(optimizer)
     matched, treedef = _matched(optimizer, params, "functional_state")
-    layout: tuple[list[tuple[str, bool]], Any] | None = None
-    columns: list[Any] = []
     with torch.no_grad():
-        for p, group in matched:
-            slots, spec = face.layout(group, p)
-            names = [(name, per_param) for name, per_param, _ in slots]
-            if layout is None:
-                layout = (names, spec)
-                columns = [[] if per_param else None for _, per_param in names]
-            elif (names, spec) != layout:
-                raise ValueError(
-                    "functional_state: the optimizer's param groups keep states of different "
-                    f"structures ({_listed(layout[0])} and {_listed(names)}), which one functional "
-                    "state cannot hold: take the state of each group's params apart"
-                )
-            stored = optimizer.state.get(p) or face.new_state(p, group)
-            unknown = [key for key in stored if key not in dict(names)]
-            if unknown:
-                raise ValueError(
-                    f"functional_state: a param's state has the entries {', '.join(map(repr, unknown))}, "
-                    f"which {face.what} does not make (it makes {_listed(names)}): the state was "
-                    "edited, or loaded from another optimizer"
-                )
-            fresh = _Fresh(face, group, p)
-            for j, (name, per_param, leaf) in enumerate(slots):
-                value = _functional(stored.get(name), leaf["0"] if per_param else leaf, p)
-                if isinstance(value, MaskedNode) and per_param and isinstance(leaf["0"], Tensor):
-                    value = fresh.slot(j)  # torch makes it at the first step, init already (SGD's)
-                if per_param:
-                    columns[j].append(value)
-                elif columns[j] is None:
-                    columns[j] = value
-                elif not _same(columns[j], value):
-                    raise ValueError(
-                        f"functional_state: the entry {name!r}, which the transformation keeps once "
-                        "for all params, differs between the param groups: one functional state "
-                        "cannot hold both; take the state of each group's params apart"
-                    )
-    assert layout is not None  # `_matched` returns at least one param
-    state = layout[1].unflatten(
-        [
-            treedef.unflatten(column) if per_param else column
-            for (_, per_param), column in zip(layout[0], columns)
-        ]
+        (names, spec), columns = _columns(face, optimizer, matched)
+    state = spec.unflatten(
+        [treedef.unflatten(column) if per_param else column for (_, per_param), column in zip(names, columns)]
     )
     if not face.counts(matched):
         return state
+    return ScheduledState(_counter(params, _stepped(face, optimizer, matched)), state)
+
+
+def _columns(
+    face: _Face, optimizer: torch.optim.Optimizer, matched: list[tuple[Tensor, dict[str, Any]]]
+) -> tuple[tuple[list[tuple[str, bool]], Any], list[Any]]:
+    """The state's layout (its slots' names, each per param or not, and its structure),
+    and each slot's value: a list over the params for a per-param slot, else the one
+    value all groups share. Raises where the groups' states differ in structure."""
+    layout: tuple[list[tuple[str, bool]], Any] | None = None
+    columns: list[Any] = []
+    for p, group in matched:
+        slots, spec = face.layout(group, p)
+        names = [(name, per_param) for name, per_param, _ in slots]
+        if layout is None:
+            layout = (names, spec)
+            columns = [[] if per_param else None for _, per_param in names]
+        elif (names, spec) != layout:
+            raise ValueError(
+                "functional_state: the optimizer's param groups keep states of different "
+                f"structures ({_listed(layout[0])} and {_listed(names)}), which one functional "
+                "state cannot hold: take the state of each group's params apart"
+            )
+        values = _values(face, optimizer, p, group, slots)
+        for j, ((name, per_param, _), value) in enumerate(zip(slots, values)):
+            if per_param:
+                columns[j].append(value)
+            elif columns[j] is None:
+                columns[j] = value
+            elif not _same(columns[j], value):
+                raise ValueError(
+                    f"functional_state: the entry {name!r}, which the transformation keeps once "
+                    "for all params, differs between the param groups: one functional state "
+                    "cannot hold both; take the state of each group's params apart"
+                )
+    assert layout is not None  # `_matched` returns at least one param
+    return layout, columns
+
+
+def _values(
+    face: _Face,
+    optimizer: torch.optim.Optimizer,
+    p: Tensor,
+    group: dict[str, Any],
+    slots: list[tuple[str, bool, Any]],
+) -> list[Any]:
+    """A param's value of each slot, as a functional state holds it; what the optimizer
+    would create at its first step if it has no state yet."""
+    names = {name for name, _, _ in slots}
+    stored = optimizer.state.get(p) or face.new_state(p, group)
+    unknown = [key for key in stored if key not in names]
+    if unknown:
+        raise ValueError(
+            f"functional_state: a param's state has the entries {', '.join(map(repr, unknown))}, "
+            f"which {face.what} does not make (it makes {_listed([(n, pp) for n, pp, _ in slots])}): "
+            "the state was edited, or loaded from another optimizer"
+        )
+    fresh = _Fresh(face, group, p)
+    values = []
+    for j, (name, per_param, leaf) in enumerate(slots):
+        value = _functional(stored.get(name), leaf["0"] if per_param else leaf, p)
+        if isinstance(value, MaskedNode) and per_param and isinstance(leaf["0"], Tensor):
+            value = fresh.slot(j)  # torch makes it at the first step, init already (SGD's)
+        values.append(value)
+    return values
+
+
+def _stepped(
+    face: _Face, optimizer: torch.optim.Optimizer, matched: list[tuple[Tensor, dict[str, Any]]]
+) -> int:
+    """1 if every param has taken its first step, 0 if none has (the count of a
+    functional state that counts steps torch does not); raises on a mix."""
     stepped = {bool(optimizer.state.get(p)) for p, _ in matched}
     if len(stepped) > 1:
         raise ValueError(
@@ -136,7 +168,7 @@ def functional_state(optimizer: torch.optim.Optimizer, params: Params) -> State:
             "not; its functional state, with a dampening, counts the steps of all params at once "
             "and cannot hold both: convert the state once every param has stepped"
         )
-    return ScheduledState(_counter(params, int(stepped.pop())), state)
+    return int(stepped.pop())
 
 
 def load_functional_state(optimizer: torch.optim.Optimizer, state: State, params: Params) -> None:
@@ -179,38 +211,51 @@ def load_functional_state(optimizer: torch.optim.Optimizer, state: State, params
         # torch keeps no count: before the first step, no buffers (torch makes them there)
         inner = state.inner_state
         state = inner if state.count else optree.tree_map(lambda _: MaskedNode(), inner, none_is_leaf=True)
+    with torch.no_grad():
+        _write(face, optimizer, _writes(face, state, matched, treedef))
+
+
+def _writes(
+    face: _Face, state: State, matched: list[tuple[Tensor, dict[str, Any]]], treedef: Any
+) -> list[tuple[Tensor, dict[str, Any], list[tuple[str, bool, Any]]]]:
+    """Each param with its group and the (name, per_param, value) entries that `state`
+    holds for it, all checked to fit before anything is written."""
     writes: list[tuple[Tensor, dict[str, Any], list[tuple[str, bool, Any]]]] = []
     values_by_group: dict[int, list[Any]] = {}
-    with torch.no_grad():
-        for i, (p, group) in enumerate(matched):
-            slots, spec = face.layout(group, p)
-            if id(group) not in values_by_group:
-                values_by_group[id(group)] = _split(spec, slots, state, treedef, face)
-            values = [
-                v[i] if per_param else v for (_, per_param, _), v in zip(slots, values_by_group[id(group)])
-            ]
-            for (name, per_param, leaf), value in zip(slots, values):
-                _check_fits(face, name, value, leaf["0"] if per_param else leaf, p)
-            writes.append(
-                (p, group, [(name, per_param, v) for (name, per_param, _), v in zip(slots, values)])
-            )
-        shared: dict[tuple[int, str], Any] = {}  # a slot kept once per group: one tensor for its params
-        for p, group, entries in writes:
-            stored = optimizer.state[p] if p in optimizer.state else {}
-            for name, per_param, value in entries:
-                if per_param:
+    for i, (p, group) in enumerate(matched):
+        slots, spec = face.layout(group, p)
+        if id(group) not in values_by_group:
+            values_by_group[id(group)] = _split(spec, slots, state, treedef, face)
+        values = [v[i] if per_param else v for (_, per_param, _), v in zip(slots, values_by_group[id(group)])]
+        for (name, per_param, leaf), value in zip(slots, values):
+            _check_fits(face, name, value, leaf["0"] if per_param else leaf, p)
+        writes.append((p, group, [(name, per_param, v) for (name, per_param, _), v in zip(slots, values)]))
+    return writes
+
+
+def _write(
+    face: _Face,
+    optimizer: torch.optim.Optimizer,
+    writes: list[tuple[Tensor, dict[str, Any], list[tuple[str, bool, Any]]]],
+) -> None:
+    """Write the checked entries into the optimizer's per-param state dicts."""
+    shared: dict[tuple[int, str], Any] = {}  # a slot kept once per group: one tensor for its params
+    for p, group, entries in writes:
+        stored = optimizer.state[p] if p in optimizer.state else {}
+        for name, per_param, value in entries:
+            if per_param:
+                face.write(stored, name, value, p, group)
+            else:
+                key = (id(group), name)
+                if key not in shared:
                     face.write(stored, name, value, p, group)
+                    shared[key] = stored.get(name)
                 else:
-                    key = (id(group), name)
-                    if key not in shared:
-                        face.write(stored, name, value, p, group)
-                        shared[key] = stored.get(name)
-                    else:
-                        stored[name] = shared[key]
-            if not stored:  # torch keeps no entry for a param with no state
-                optimizer.state.pop(p, None)
-            elif p not in optimizer.state:
-                optimizer.state[p] = stored
+                    stored[name] = shared[key]
+        if not stored:  # torch keeps no entry for a param with no state
+            optimizer.state.pop(p, None)
+        elif p not in optimizer.state:
+            optimizer.state[p] = stored
 
 
 class _Face:

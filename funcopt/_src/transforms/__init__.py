@@ -1,5 +1,6 @@
 """transforms: optax's building blocks, clipping, masking, schedules and wrappers.
-They import `core` and `engine`.
+They import `core`, `engine` and `algorithms` (`moments.py`'s `scale_by_adam` runs
+``algorithms/adam.py``'s math, through `from_algorithm.py`).
 
 A transformation pickled before this package existed names its helpers in the module
 ``funcopt._src.transforms`` (today `blocks`, `moments` and `clipping`): `__getattr__`
