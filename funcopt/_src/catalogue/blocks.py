@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from ..algorithms.catalogue_more import YOGI
+from ..algorithms.lamb_adan import ADAN
 from ..core.base import GradientTransformation, Params, State, Updates
 from ..core.hyperparams import accepts_schedules
 from ..transforms.clipping import Scalar, abs_sq, coef
@@ -419,21 +420,33 @@ def _adan_update(
     b1: Scalar, b2: Scalar, b3: Scalar, eps: Scalar, eps_root: Scalar,
     updates: Updates, state: State, params: Params | None = None, **extra_args: Any,
 ) -> tuple[Updates, State]:  # fmt: skip
+    """`fo.Adan`'s math (``lamb_adan._adan_step``) with a learning rate of -1
+    (``transforms/from_algorithm.py``), its coefficients from its schedule, with optax's
+    weight ``1 - b2`` of the gradient difference (``diff_weight``) and its `eps_root`."""
     who = "scale_by_adan update"
     _check_state(state, ScaleByAdanState, who)
-    t = _increment(state.t)
-    first = state.t == 0
+    wide = torch.float32 if state.t.device.type == "mps" else torch.float64
+    betas = (b1, b2, b3)
+    _, coefficients = ADAN.schedule(state.t.to(wide), lr=-1, betas=betas, weight_decay=0, diff_weight=1 - b2)
+    scalars = (*coefficients, *betas, 1 - b2, eps, eps_root)
+    fields = ("m", "v", "n", "g")
+    out, (m, v, n, g) = step_leaves(who, _adan_math, scalars, updates, state, fields, (None,) * 4)
+    return out, ScaleByAdanState(m, v, n, g, _increment(state.t))
 
-    def one(g: Tensor, m0: Tensor, v0: Tensor, n0: Tensor, g0: Tensor) -> tuple[Tensor, ...]:
-        c1, c2, c3 = coef(b1, g), coef(b2, g), coef(b3, g)
-        diff = torch.where(first, torch.zeros_like(g), g - g0)
-        m, v = _ema(g, m0, c1), _ema(diff, v0, c2)
-        n = _ema(abs_sq(g + (1 - c2) * diff), n0, c3)
-        u = _bc(m, c1, t) + (1 - c2) * _bc(v, c2, t)
-        return u / (torch.sqrt(_bc(n, c3, t) + coef(eps_root, g)) + coef(eps, g)), m, v, n, g
 
-    out, m, v, n, g = leafwise(who, one, updates, state.m, state.v, state.n, state.g, n_out=5)
-    return out, ScaleByAdanState(m, v, n, g, t)
+def _adan_hyperparams(b1: Any, b2: Any, b3: Any, diff_weight: Any, eps: Any, eps_root: Any) -> dict[str, Any]:
+    return {"betas": (b1, b2, b3), "diff_weight": diff_weight, "eps": eps, "eps_root": eps_root}
+
+
+_ADAN_MATH = BlockMath(ADAN.elementwise, 6, _adan_hyperparams, weight_decay=0)
+
+
+def _adan_math(o: Any, u: Any, owned: bool, p: Any, buffers: Any, c: Any) -> Any:
+    """`_ADAN_MATH` on optax's state, which holds the last gradient where timm's holds its
+    negative (``neg_pre_grad``)."""
+    m, v, n, g0 = buffers
+    out, owned, (m, v, n, _) = _ADAN_MATH(o, u, owned, p, (m, v, n, o.neg(g0)), c)
+    return out, owned, (m, v, n, u)
 
 
 @accepts_schedules
