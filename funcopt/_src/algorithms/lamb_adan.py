@@ -23,6 +23,7 @@ from ..core.base import Params
 from ..engine.algorithm import Algorithm
 from ..engine.bounds import Bound, Check, Hyperparams
 from ..engine.ops import Coef, InPlace, Ops, nonzero, power
+from .adam import _second_moment as second_moment
 
 __all__ = ["ADABELIEF", "ADAN", "CAUTIOUS_ADAN", "LAMB", "AdaBeliefState", "AdanState", "LambState"]
 
@@ -265,7 +266,7 @@ def _adan_step(
     exp_avg = o.lerp_(exp_avg, g, 1 - beta1)
     exp_avg_diff = o.add_(o.mul_(exp_avg_diff, beta2), diff, alpha=1 - beta2)
     nesterov = o.add_(o.mul_(diff, beta2 if diff_weight is None else diff_weight), g)  # g + b2 (g - g_prev)
-    exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta3), nesterov, nesterov, value=1 - beta3)
+    exp_avg_sq = second_moment(o, exp_avg_sq, nesterov, beta3, False)  # |.|^2 of a complex update
     neg_pre_grad = o.mul_(o.copy_(nesterov, g), -1.0)
     if nonzero(eps_root):  # optax's sqrt(n / bc3 + eps_root)
         denom = o.add_(o.sqrt_(o.add_(o.div(exp_avg_sq, bc3), eps_root)), eps)
