@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ..algorithms.catalogue_more import YOGI
-from ..algorithms.lamb_adan import ADAN
+from ..algorithms.lamb_adan import ADABELIEF, ADAN
 from ..core.base import GradientTransformation, Params, State, Updates
 from ..core.hyperparams import accepts_schedules
 from ..transforms.clipping import Scalar, abs_sq, coef
@@ -90,19 +90,21 @@ def _belief_update(
     b1: Scalar, b2: Scalar, eps: Scalar, eps_root: Scalar, nesterov: bool,
     updates: Updates, state: State, params: Params | None = None, **extra_args: Any,
 ) -> tuple[Updates, State]:  # fmt: skip
+    """`fo.AdaBelief`'s math (``lamb_adan._adabelief_math``), not rectified, with a learning
+    rate of -1 (``transforms/from_algorithm.py``), its coefficients from its schedule."""
     who = "scale_by_belief update"
     _check_state(state, ScaleByBeliefState, who)
-    count = _increment(state.count)
-
-    def one(g: Tensor, m0: Tensor, v0: Tensor) -> tuple[Tensor, ...]:
-        c1, c2 = coef(b1, g), coef(b2, g)
-        mu = _ema(g, m0, c1)
-        nu = _ema(abs_sq(g - mu), v0, c2) + coef(eps_root, g)
-        mu_hat = _nesterov_hat(g, mu, c1, count) if nesterov else _bc(mu, c1, count)
-        return mu_hat / (torch.sqrt(_bc(nu, c2, count)) + coef(eps, g)), mu, nu
-
-    out, mu, nu = leafwise(who, one, updates, state.mu, state.nu, n_out=3)
-    return out, ScaleByBeliefState(count, mu, nu)
+    wide = torch.float32 if state.count.device.type == "mps" else torch.float64
+    nesterov = bool(nesterov)
+    _, coefficients = ADABELIEF.schedule(
+        state.count.to(wide), lr=-1, betas=(b1, b2), weight_decay=0, rectify=False, nesterov=nesterov
+    )
+    math = BlockMath(
+        ADABELIEF.elementwise, 4, betas_and_eps, absent=1, weight_decay=0, rectify=False, nesterov=nesterov
+    )
+    scalars = (*coefficients, b1, b2, eps, eps_root)
+    out, (mu, nu) = step_leaves(who, math, scalars, updates, state, ("mu", "nu"), (None, None))
+    return out, ScaleByBeliefState(_increment(state.count), mu, nu)
 
 
 @accepts_schedules
