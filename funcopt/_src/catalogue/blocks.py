@@ -18,11 +18,11 @@ import optree
 import torch
 from torch import Tensor
 
-from ..algorithms.catalogue_more import YOGI
+from ..algorithms.catalogue_more import NOVOGRAD, YOGI
 from ..algorithms.lamb_adan import ADABELIEF, ADAN
 from ..core.base import GradientTransformation, Params, State, Updates
 from ..core.hyperparams import accepts_schedules
-from ..transforms.clipping import Scalar, abs_sq, coef
+from ..transforms.clipping import Scalar, abs_sq, coef, map_updates
 from ..transforms.from_algorithm import BlockMath, betas_and_eps, step_leaves
 from ..transforms.moments import ScaleByAdamState
 from ._common import (
@@ -489,22 +489,25 @@ def _novograd_update(
     b1: Scalar, b2: Scalar, eps: Scalar, eps_root: Scalar, weight_decay: Scalar, mu_dtype: torch.dtype | None,
     updates: Updates, state: State, params: Params | None = None, **extra_args: Any,
 ) -> tuple[Updates, State]:  # fmt: skip
+    """`fo.NovoGrad`'s math (``catalogue_more._novograd_math``, timm's NvNovoGrad: its
+    weight decay added to the normalized gradient, no grad averaging) with a learning rate
+    of -1 (``transforms/from_algorithm.py``); optax's first step is by the count."""
     who = "scale_by_novograd update"
     _check_state(state, ScaleByNovogradState, who)
     check_params(who, params)
-    count = _increment(state.count)
-    first = count == 1
+    wide = torch.float32 if state.count.device.type == "mps" else torch.float64
+    _, coefficients = NOVOGRAD.schedule(state.count.to(wide), lr=-1, weight_decay=0)
+    math = BlockMath(NOVOGRAD.elementwise, 5, _novograd_hyperparams, absent=1, first_step=state.count == 0)
+    scalars = (*coefficients, b1, b2, eps, eps_root, weight_decay)
+    fields, stored = ("mu", "nu"), (mu_dtype, "own")
+    out, (mu, nu) = step_leaves(who, math, scalars, updates, state, fields, stored, params)
+    if mu_dtype is not None:  # optax's update is the momentum, in mu_dtype
+        out = map_updates(lambda u: u.to(mu_dtype), out)
+    return out, ScaleByNovogradState(_increment(state.count), mu, nu)
 
-    def one(g: Tensor, m0: Tensor, v0: Tensor, p: Tensor) -> tuple[Tensor, ...]:
-        sq = torch.linalg.vector_norm(g) ** 2
-        nu = torch.where(first, sq.to(v0.dtype), _ema(sq, v0, coef(b2, g)))
-        step = g / (torch.sqrt(nu + coef(eps_root, g)) + coef(eps, g)) + coef(weight_decay, g) * p
-        mu = torch.where(first, step, coef(b1, g) * m0 + step)
-        mu = mu if mu_dtype is None else mu.to(mu_dtype)
-        return mu, mu, nu
 
-    out, mu, nu = leafwise(who, one, updates, state.mu, state.nu, params, n_out=3)
-    return out, ScaleByNovogradState(count, mu, nu)
+def _novograd_hyperparams(b1: Any, b2: Any, eps: Any, eps_root: Any, weight_decay: Any) -> dict[str, Any]:
+    return {"betas": (b1, b2), "eps": eps, "eps_root": eps_root, "weight_decay": weight_decay}
 
 
 @accepts_schedules
