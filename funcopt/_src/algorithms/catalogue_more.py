@@ -8,10 +8,10 @@ of timm's options (tests/test_timm_reference.py), while ``fo.lars``, ``fo.novogr
 The functional forms ``fo.yogi`` etc. stay optax's chains of public blocks, with optax's
 state trees; these algorithms are the classes' math (and ``YOGI.transform(...)`` its
 functional face), equal to those chains to round-off (tests/test_catalogue_inplace.py).
-The math exists once: ``scale_by_yogi``, ``scale_by_adopt``, ``scale_by_ademamix`` and
-``scale_by_novograd`` run Yogi's, ADOPT's, AdEMAMix's and NovoGrad's here
-(``transforms/from_algorithm.py``), and NAdamW is Adam's (``adam.py``, as ``fo.nadamw``'s
-``scale_by_adam(nesterov=True)``).
+The math exists once: ``scale_by_yogi``, ``scale_by_adopt``, ``scale_by_ademamix``,
+``scale_by_novograd``, ``scale_by_madgrad`` run Yogi's, ADOPT's, AdEMAMix's, NovoGrad's
+and MADGRAD's here (``transforms/from_algorithm.py``), and NAdamW is Adam's (``adam.py``,
+as ``fo.nadamw``'s ``scale_by_adam(nesterov=True)``).
 """
 
 from __future__ import annotations
@@ -511,8 +511,11 @@ def _madgrad_schedule(
 def _madgrad_math(
     o: Ops, out: Tensor | None, p: Tensor, g: Tensor, grad_sum_sq: Tensor, s: Tensor, x0: Tensor | None,
     coefficients: tuple[Coef, Coef], *, momentum: Coef, weight_decay: Coef, eps: Coef,
-    decoupled_decay: bool = False, **_: Any,
+    decoupled_decay: bool = False, stored_x0: bool = False, **_: Any,
 ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor | None]]:  # fmt: skip
+    """timm's MADGRAD step; funcopt only, for ``scale_by_madgrad`` (optax's): `stored_x0`,
+    the dual average from the stored x0 also without momentum, where timm recovers x0 from
+    the param (the same while only this step moves the param)."""
     weight, decay = coefficients
     factor = 1.0  # what multiplies the param: decoupled decay, then momentum
     if nonzero(weight_decay):
@@ -520,14 +523,15 @@ def _madgrad_math(
             factor = decay
         else:
             g = o.add(g, p, alpha=weight_decay)
-    if not nonzero(momentum):  # timm keeps no x0: the param plus s / rms, before this step
+    recover_x0 = not nonzero(momentum) and not stored_x0
+    if recover_x0:  # timm keeps no x0: the param plus s / rms, before this step
         if isinstance(factor, Tensor) or factor != 1.0:
             out = o.decay_(out, p, factor)
         out = o.addcdiv_(out, s, o.add_(torch.pow(grad_sum_sq, 1 / 3), eps))
     grad_sum_sq = o.addcmul_(grad_sum_sq, g, g, value=weight)
     s = o.add_(s, g, alpha=weight)
     denom = o.add_(torch.pow(grad_sum_sq, 1 / 3), eps)  # one tensor: not per_element, for this op
-    if not nonzero(momentum):
+    if recover_x0:
         return o.addcdiv_(out, s, denom, value=-1), (grad_sum_sq, s, x0)
     # the param moves to momentum * p + (1 - momentum) * z, with z = x0 - s / denom
     out = o.decay_(out, p, factor * momentum)
