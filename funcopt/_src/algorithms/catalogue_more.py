@@ -8,9 +8,10 @@ of timm's options (tests/test_timm_reference.py), while ``fo.lars``, ``fo.novogr
 The functional forms ``fo.yogi`` etc. stay optax's chains of public blocks, with optax's
 state trees; these algorithms are the classes' math (and ``YOGI.transform(...)`` its
 functional face), equal to those chains to round-off (tests/test_catalogue_inplace.py).
-The math exists once: ``scale_by_yogi``, ``scale_by_adopt`` and ``scale_by_ademamix`` run
-Yogi's, ADOPT's and AdEMAMix's here (``transforms/from_algorithm.py``), and NAdamW is
-Adam's (``adam.py``, as ``fo.nadamw``'s ``scale_by_adam(nesterov=True)``).
+The math exists once: ``scale_by_yogi``, ``scale_by_adopt``, ``scale_by_ademamix``,
+``scale_by_novograd``, ``scale_by_madgrad`` run Yogi's, ADOPT's, AdEMAMix's, NovoGrad's
+and MADGRAD's here (``transforms/from_algorithm.py``), and NAdamW is Adam's (``adam.py``,
+as ``fo.nadamw``'s ``scale_by_adam(nesterov=True)``).
 """
 
 from __future__ import annotations
@@ -433,17 +434,25 @@ def _novograd_math(
     o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
     max_exp_avg_sq: Tensor | None, coefficients: tuple[Coef, Coef], *, betas: tuple[Coef, Coef], eps: Coef,
     weight_decay: Coef, grad_averaging: bool = False, amsgrad: bool = False, decoupled_decay: bool = False,
-    **_: Any,
+    eps_root: Coef = 0.0, first_step: bool | Tensor | None = None, **_: Any,
 ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor | None]]:  # fmt: skip
+    """timm's NvNovoGrad step; funcopt only, for ``scale_by_novograd`` (optax's):
+    `eps_root`, inside the root, and `first_step`, whether this is the first step (a bool
+    or a 0-d bool tensor, from optax's count), where timm tests for a second moment still 0."""
     neg_lr, decay = coefficients
     beta1, beta2 = betas
-    norm = torch.sum(g * g)
+    if g.is_complex():  # |g|^2, as a complex number (whose buffer is complex, as optax's)
+        norm = torch.sum(g.real.square() + g.imag.square()).to(g.dtype)
+    else:
+        norm = torch.sum(g * g)
     # timm: a second moment still 0 takes the squared norm itself (the first step)
     blended = o.add(o.mul(exp_avg_sq, beta2), norm, alpha=1 - beta2)
-    exp_avg_sq = o.copy_(exp_avg_sq, o.where(o.eq(exp_avg_sq, 0), norm, blended))
+    first = o.eq(exp_avg_sq, 0) if first_step is None else first_step
+    exp_avg_sq = o.copy_(exp_avg_sq, o.where(first, norm, blended))
     if amsgrad:
         max_exp_avg_sq = o.maximum_(max_exp_avg_sq, exp_avg_sq)
-    update = o.div(g, o.add_(o.sqrt(max_exp_avg_sq if amsgrad else exp_avg_sq), eps))
+    second = max_exp_avg_sq if amsgrad else exp_avg_sq
+    update = o.div(g, o.add_(o.sqrt(o.add(second, eps_root) if nonzero(eps_root) else second), eps))
     if nonzero(weight_decay):
         if decoupled_decay:
             out = o.decay_(out, p, decay)
@@ -503,8 +512,11 @@ def _madgrad_schedule(
 def _madgrad_math(
     o: Ops, out: Tensor | None, p: Tensor, g: Tensor, grad_sum_sq: Tensor, s: Tensor, x0: Tensor | None,
     coefficients: tuple[Coef, Coef], *, momentum: Coef, weight_decay: Coef, eps: Coef,
-    decoupled_decay: bool = False, **_: Any,
+    decoupled_decay: bool = False, stored_x0: bool = False, **_: Any,
 ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor | None]]:  # fmt: skip
+    """timm's MADGRAD step; funcopt only, for ``scale_by_madgrad`` (optax's): `stored_x0`,
+    the dual average from the stored x0 also without momentum, where timm recovers x0 from
+    the param (the same while only this step moves the param)."""
     weight, decay = coefficients
     factor = 1.0  # what multiplies the param: decoupled decay, then momentum
     if nonzero(weight_decay):
@@ -512,14 +524,15 @@ def _madgrad_math(
             factor = decay
         else:
             g = o.add(g, p, alpha=weight_decay)
-    if not nonzero(momentum):  # timm keeps no x0: the param plus s / rms, before this step
+    recover_x0 = not nonzero(momentum) and not stored_x0
+    if recover_x0:  # timm keeps no x0: the param plus s / rms, before this step
         if isinstance(factor, Tensor) or factor != 1.0:
             out = o.decay_(out, p, factor)
         out = o.addcdiv_(out, s, o.add_(torch.pow(grad_sum_sq, 1 / 3), eps))
     grad_sum_sq = o.addcmul_(grad_sum_sq, g, g, value=weight)
     s = o.add_(s, g, alpha=weight)
     denom = o.add_(torch.pow(grad_sum_sq, 1 / 3), eps)  # one tensor: not per_element, for this op
-    if not nonzero(momentum):
+    if recover_x0:
         return o.addcdiv_(out, s, denom, value=-1), (grad_sum_sq, s, x0)
     # the param moves to momentum * p + (1 - momentum) * z, with z = x0 - s / denom
     out = o.decay_(out, p, factor * momentum)

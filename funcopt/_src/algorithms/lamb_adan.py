@@ -6,7 +6,10 @@ switch here, per tensor, to float64 round-off (tests/test_timm_reference.py).
 The functional forms ``fo.lamb``, ``fo.adan`` and ``fo.adabelief`` stay optax's chains of
 public blocks (`scale_by_adam`, `scale_by_trust_ratio`, `scale_by_adan`, `scale_by_belief`),
 with optax's math and state trees, as the issue asks of every optax alias; the algorithm
-pages (docs/algorithms/lamb.md, ...) say where the two differ.
+pages (docs/algorithms/lamb.md, ...) say where the two differ. The math exists once:
+``scale_by_adan`` runs Adan's here (``transforms/from_algorithm.py``), with optax's weight
+``1 - b2`` of the gradient difference (``diff_weight``) and its ``eps_root``, and
+``scale_by_belief`` AdaBelief's, not rectified, with optax's ``eps_root`` and ``nesterov``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from ..core.base import Params
 from ..engine.algorithm import Algorithm
 from ..engine.bounds import Bound, Check, Hyperparams
 from ..engine.ops import Coef, InPlace, Ops, nonzero, power
+from .adam import _second_moment as second_moment
 
 __all__ = ["ADABELIEF", "ADAN", "CAUTIOUS_ADAN", "LAMB", "AdaBeliefState", "AdanState", "LambState"]
 
@@ -178,27 +182,35 @@ def _adan_schedule(
     betas: tuple[Coef, Coef, Coef],
     weight_decay: Coef,
     no_prox: bool = False,
+    diff_weight: Coef | None = None,
     **_: Any,
 ) -> tuple[tuple[Coef], tuple]:
+    """The step sizes of the two moments' terms (times -lr), the root of bias correction 3,
+    whether the last gradient is there, the decay factor, and bias correction 3 itself
+    (for ``eps_root``). `diff_weight` (funcopt only, default ``beta2``) weights the
+    gradient difference's moment in the step, as in the math's Nesterov sum."""
     t = step + 1
     beta1, beta2, beta3 = betas
     # timm's proximal decay divides the param by 1 + lr * wd after the step (no_prox:
     # multiplies it by 1 - lr * wd before): both as one factor of the param and the step
     decay = 1 - lr * weight_decay if no_prox else 1 / (1 + lr * weight_decay)
     step_scale = 1.0 if no_prox else decay
+    bc3 = 1 - power(beta3, t)
     return (t,), (
         -lr / (1 - power(beta1, t)) * step_scale,
-        -lr * beta2 / (1 - power(beta2, t)) * step_scale,
-        _root(1 - power(beta3, t)),
+        -lr * (beta2 if diff_weight is None else diff_weight) / (1 - power(beta2, t)) * step_scale,
+        _root(bc3),
         _started(step),  # no difference at the first step (the last gradient is not there yet)
         decay,
+        bc3,
     )
 
 
 def _adan_math(
     o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_diff: Tensor, exp_avg_sq: Tensor,
     neg_pre_grad: Tensor, coefficients: tuple[Coef, ...], *, betas: tuple[Coef, Coef, Coef], eps: Coef,
-    weight_decay: Coef, caution: bool = False, **_: Any,
+    weight_decay: Coef, caution: bool = False, diff_weight: Coef | None = None, eps_root: Coef = 0.0,
+    **_: Any,
 ) -> tuple[Tensor, tuple[Tensor, ...]]:  # fmt: skip
     if caution:
         raise ValueError(
@@ -208,7 +220,7 @@ def _adan_math(
         )
     return _adan_step(
         o, out, p, g, exp_avg, exp_avg_diff, exp_avg_sq, neg_pre_grad, coefficients, betas=betas, eps=eps,
-        weight_decay=weight_decay,
+        weight_decay=weight_decay, diff_weight=diff_weight, eps_root=eps_root,
     )  # fmt: skip
 
 
@@ -242,18 +254,25 @@ def _caution_mask(o: Ops, exp_avg: Tensor, g: Tensor) -> Tensor:
 def _adan_step(
     o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_diff: Tensor, exp_avg_sq: Tensor,
     neg_pre_grad: Tensor, coefficients: tuple[Coef, ...], *, betas: tuple[Coef, Coef, Coef], eps: Coef,
-    weight_decay: Coef, caution: bool = False,
+    weight_decay: Coef, caution: bool = False, diff_weight: Coef | None = None, eps_root: Coef = 0.0,
 ) -> tuple[Tensor, tuple[Tensor, ...]]:  # fmt: skip
-    neg_step, neg_step_diff, bc3_sqrt, started, decay = coefficients
+    """timm's Adan step; funcopt only, for ``scale_by_adan`` (optax's): `diff_weight`, the
+    weight of the gradient difference in the Nesterov sum (default ``beta2``, timm's and
+    the paper's; optax's is ``1 - beta2``: the schedule takes the same for the step), and
+    `eps_root`, inside the root of the bias-corrected second moment."""
+    neg_step, neg_step_diff, bc3_sqrt, started, decay, bc3 = coefficients
     beta1, beta2, beta3 = betas
     # as timm, neg_pre_grad holds the difference, then the Nesterov sum, then -g
     diff = o.mul_(o.add_(neg_pre_grad, g), started)  # no difference at the first step
     exp_avg = o.lerp_(exp_avg, g, 1 - beta1)
     exp_avg_diff = o.add_(o.mul_(exp_avg_diff, beta2), diff, alpha=1 - beta2)
-    nesterov = o.add_(o.mul_(diff, beta2), g)  # g + b2 (g - g_prev)
-    exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta3), nesterov, nesterov, value=1 - beta3)
+    nesterov = o.add_(o.mul_(diff, beta2 if diff_weight is None else diff_weight), g)  # g + b2 (g - g_prev)
+    exp_avg_sq = second_moment(o, exp_avg_sq, nesterov, beta3, False)  # |.|^2 of a complex update
     neg_pre_grad = o.mul_(o.copy_(nesterov, g), -1.0)
-    denom = o.add_(o.div_(o.sqrt(exp_avg_sq), bc3_sqrt), eps)
+    if nonzero(eps_root):  # optax's sqrt(n / bc3 + eps_root)
+        denom = o.add_(o.sqrt_(o.add_(o.div(exp_avg_sq, bc3), eps_root)), eps)
+    else:
+        denom = o.add_(o.div_(o.sqrt(exp_avg_sq), bc3_sqrt), eps)
     if nonzero(weight_decay):
         out = o.decay_(out, p, decay)
     step = exp_avg
@@ -319,16 +338,20 @@ def _adabelief_initial(*, amsgrad: bool = False, **_: Any) -> AdaBeliefState:
 
 def _adabelief_schedule(
     step: Coef, *, lr: Coef, betas: tuple[Coef, Coef], weight_decay: Coef, fixed_decay: bool = False,
-    rectify: bool = True, degenerated_to_sgd: bool = True, **_: Any,
+    rectify: bool = True, degenerated_to_sgd: bool = True, nesterov: bool = False, **_: Any,
 ) -> tuple[tuple[Coef], tuple]:  # fmt: skip
     """-lr / bias correction 1, the root of bias correction 2, the decoupled decay factor,
     and with ``rectify`` RAdam's two step sizes (times -lr): of the adaptive step while the
     variance is tractable (``num_sma >= 5``), else of the SGD step (0 without
-    ``degenerated_to_sgd``); one of the two is 0."""
+    ``degenerated_to_sgd``); one of the two is 0. With `nesterov` (not rectified) the step
+    size is -lr and the two weights of the math's numerator follow."""
     t = step + 1
     beta1, beta2 = betas
     bc1, beta2_t = 1 - power(beta1, t), power(beta2, t)
     decay = 1 - weight_decay if fixed_decay else 1 - lr * weight_decay
+    if not rectify and nesterov:  # Dozat's, as optax: b1 m / (1 - b1**(t+1)) + (1 - b1) g / (1 - b1**t)
+        weights = (beta1 / (1 - power(beta1, t + 1)), (1 - beta1) / bc1)
+        return (t,), (-lr, _root(1 - beta2_t), decay, 0.0, 0.0, *weights)
     if not rectify:
         return (t,), (-(lr / bc1), _root(1 - beta2_t), decay, 0.0, 0.0)
     sma_max = 2 / (1 - beta2) - 1
@@ -359,10 +382,16 @@ def _rectified(sma: Coef, sma_max: Coef, beta2_t: Coef, bc1: Coef) -> Coef:
 def _adabelief_math(
     o: Ops, out: Tensor | None, p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_var: Tensor,
     max_exp_avg_var: Tensor | None, coefficients: tuple[Coef, ...], *, betas: tuple[Coef, Coef], eps: Coef,
-    weight_decay: Coef, amsgrad: bool = False, decoupled_decay: bool = True, rectify: bool = True, **_: Any,
+    weight_decay: Coef, amsgrad: bool = False, decoupled_decay: bool = True, rectify: bool = True,
+    eps_root: Coef | None = None, nesterov: bool = False, **_: Any,
 ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor | None]]:  # fmt: skip
-    neg_step, bc2_sqrt, decay, neg_adaptive, neg_sgd = coefficients
+    """timm's AdaBelief step; funcopt only, for ``scale_by_belief`` (optax's): `eps_root`,
+    what is added to the second moment at each step (default `eps`, as timm), and
+    `nesterov` (Dozat's momentum, not rectified: the schedule gives its two weights)."""
+    neg_step, bc2_sqrt, decay, neg_adaptive, neg_sgd = coefficients[:5]
     beta1, beta2 = betas
+    if nesterov and rectify:
+        raise ValueError("AdaBelief: nesterov (optax's scale_by_belief) takes rectify=False")
     if nonzero(weight_decay):
         if decoupled_decay:
             out = o.decay_(out, p, decay)
@@ -370,13 +399,17 @@ def _adabelief_math(
             g = o.add(g, p, alpha=weight_decay)
     exp_avg = o.lerp_(exp_avg, g, 1 - beta1)
     residual = o.sub(g, exp_avg)
-    exp_avg_var = o.addcmul_(o.mul_(exp_avg_var, beta2), residual, residual, value=1 - beta2)
-    exp_avg_var = o.add_(exp_avg_var, eps)  # timm adds eps to the state at each step
+    exp_avg_var = second_moment(o, exp_avg_var, residual, beta2, False)  # |.|^2 of a complex update
+    exp_avg_var = o.add_(exp_avg_var, eps if eps_root is None else eps_root)  # timm adds eps at each step
     if amsgrad:
         max_exp_avg_var = o.maximum_(max_exp_avg_var, exp_avg_var)
     if not rectify:
         denom = o.add_(o.div_(o.sqrt(max_exp_avg_var if amsgrad else exp_avg_var), bc2_sqrt), eps)
-        out = o.addcdiv_(out, exp_avg, denom, value=neg_step)
+        numerator = exp_avg
+        if nesterov:
+            momentum_weight, grad_weight = coefficients[5:]
+            numerator = o.add_(o.mul(exp_avg, momentum_weight), o.mul(g, grad_weight))
+        out = o.addcdiv_(out, numerator, denom, value=neg_step)
         return out, (exp_avg, exp_avg_var, max_exp_avg_var)
     if nonzero(neg_adaptive):  # timm's rectified step reads exp_avg_var, amsgrad or not
         out = o.addcdiv_(out, exp_avg, o.add_(o.sqrt(exp_avg_var), eps), value=neg_adaptive)

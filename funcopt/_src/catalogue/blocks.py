@@ -18,10 +18,11 @@ import optree
 import torch
 from torch import Tensor
 
-from ..algorithms.catalogue_more import YOGI
+from ..algorithms.catalogue_more import NOVOGRAD, YOGI
+from ..algorithms.lamb_adan import ADABELIEF, ADAN
 from ..core.base import GradientTransformation, Params, State, Updates
 from ..core.hyperparams import accepts_schedules
-from ..transforms.clipping import Scalar, abs_sq, coef
+from ..transforms.clipping import Scalar, abs_sq, coef, map_updates
 from ..transforms.from_algorithm import BlockMath, betas_and_eps, step_leaves
 from ..transforms.moments import ScaleByAdamState
 from ._common import (
@@ -89,19 +90,21 @@ def _belief_update(
     b1: Scalar, b2: Scalar, eps: Scalar, eps_root: Scalar, nesterov: bool,
     updates: Updates, state: State, params: Params | None = None, **extra_args: Any,
 ) -> tuple[Updates, State]:  # fmt: skip
+    """`fo.AdaBelief`'s math (``lamb_adan._adabelief_math``), not rectified, with a learning
+    rate of -1 (``transforms/from_algorithm.py``), its coefficients from its schedule."""
     who = "scale_by_belief update"
     _check_state(state, ScaleByBeliefState, who)
-    count = _increment(state.count)
-
-    def one(g: Tensor, m0: Tensor, v0: Tensor) -> tuple[Tensor, ...]:
-        c1, c2 = coef(b1, g), coef(b2, g)
-        mu = _ema(g, m0, c1)
-        nu = _ema(abs_sq(g - mu), v0, c2) + coef(eps_root, g)
-        mu_hat = _nesterov_hat(g, mu, c1, count) if nesterov else _bc(mu, c1, count)
-        return mu_hat / (torch.sqrt(_bc(nu, c2, count)) + coef(eps, g)), mu, nu
-
-    out, mu, nu = leafwise(who, one, updates, state.mu, state.nu, n_out=3)
-    return out, ScaleByBeliefState(count, mu, nu)
+    wide = torch.float32 if state.count.device.type == "mps" else torch.float64
+    nesterov = bool(nesterov)
+    _, coefficients = ADABELIEF.schedule(
+        state.count.to(wide), lr=-1, betas=(b1, b2), weight_decay=0, rectify=False, nesterov=nesterov
+    )
+    math = BlockMath(
+        ADABELIEF.elementwise, 4, betas_and_eps, absent=1, weight_decay=0, rectify=False, nesterov=nesterov
+    )
+    scalars = (*coefficients, b1, b2, eps, eps_root)
+    out, (mu, nu) = step_leaves(who, math, scalars, updates, state, ("mu", "nu"), (None, None))
+    return out, ScaleByBeliefState(_increment(state.count), mu, nu)
 
 
 @accepts_schedules
@@ -419,21 +422,33 @@ def _adan_update(
     b1: Scalar, b2: Scalar, b3: Scalar, eps: Scalar, eps_root: Scalar,
     updates: Updates, state: State, params: Params | None = None, **extra_args: Any,
 ) -> tuple[Updates, State]:  # fmt: skip
+    """`fo.Adan`'s math (``lamb_adan._adan_step``) with a learning rate of -1
+    (``transforms/from_algorithm.py``), its coefficients from its schedule, with optax's
+    weight ``1 - b2`` of the gradient difference (``diff_weight``) and its `eps_root`."""
     who = "scale_by_adan update"
     _check_state(state, ScaleByAdanState, who)
-    t = _increment(state.t)
-    first = state.t == 0
+    wide = torch.float32 if state.t.device.type == "mps" else torch.float64
+    betas = (b1, b2, b3)
+    _, coefficients = ADAN.schedule(state.t.to(wide), lr=-1, betas=betas, weight_decay=0, diff_weight=1 - b2)
+    scalars = (*coefficients, *betas, 1 - b2, eps, eps_root)
+    fields = ("m", "v", "n", "g")
+    out, (m, v, n, g) = step_leaves(who, _adan_math, scalars, updates, state, fields, (None,) * 4)
+    return out, ScaleByAdanState(m, v, n, g, _increment(state.t))
 
-    def one(g: Tensor, m0: Tensor, v0: Tensor, n0: Tensor, g0: Tensor) -> tuple[Tensor, ...]:
-        c1, c2, c3 = coef(b1, g), coef(b2, g), coef(b3, g)
-        diff = torch.where(first, torch.zeros_like(g), g - g0)
-        m, v = _ema(g, m0, c1), _ema(diff, v0, c2)
-        n = _ema(abs_sq(g + (1 - c2) * diff), n0, c3)
-        u = _bc(m, c1, t) + (1 - c2) * _bc(v, c2, t)
-        return u / (torch.sqrt(_bc(n, c3, t) + coef(eps_root, g)) + coef(eps, g)), m, v, n, g
 
-    out, m, v, n, g = leafwise(who, one, updates, state.m, state.v, state.n, state.g, n_out=5)
-    return out, ScaleByAdanState(m, v, n, g, t)
+def _adan_hyperparams(b1: Any, b2: Any, b3: Any, diff_weight: Any, eps: Any, eps_root: Any) -> dict[str, Any]:
+    return {"betas": (b1, b2, b3), "diff_weight": diff_weight, "eps": eps, "eps_root": eps_root}
+
+
+_ADAN_MATH = BlockMath(ADAN.elementwise, 6, _adan_hyperparams, weight_decay=0)
+
+
+def _adan_math(o: Any, u: Any, owned: bool, p: Any, buffers: Any, c: Any) -> Any:
+    """`_ADAN_MATH` on optax's state, which holds the last gradient where timm's holds its
+    negative (``neg_pre_grad``)."""
+    m, v, n, g0 = buffers
+    out, owned, (m, v, n, _) = _ADAN_MATH(o, u, owned, p, (m, v, n, o.neg(g0)), c)
+    return out, owned, (m, v, n, u)
 
 
 @accepts_schedules
@@ -474,22 +489,25 @@ def _novograd_update(
     b1: Scalar, b2: Scalar, eps: Scalar, eps_root: Scalar, weight_decay: Scalar, mu_dtype: torch.dtype | None,
     updates: Updates, state: State, params: Params | None = None, **extra_args: Any,
 ) -> tuple[Updates, State]:  # fmt: skip
+    """`fo.NovoGrad`'s math (``catalogue_more._novograd_math``, timm's NvNovoGrad: its
+    weight decay added to the normalized gradient, no grad averaging) with a learning rate
+    of -1 (``transforms/from_algorithm.py``); optax's first step is by the count."""
     who = "scale_by_novograd update"
     _check_state(state, ScaleByNovogradState, who)
     check_params(who, params)
-    count = _increment(state.count)
-    first = count == 1
+    wide = torch.float32 if state.count.device.type == "mps" else torch.float64
+    _, coefficients = NOVOGRAD.schedule(state.count.to(wide), lr=-1, weight_decay=0)
+    math = BlockMath(NOVOGRAD.elementwise, 5, _novograd_hyperparams, absent=1, first_step=state.count == 0)
+    scalars = (*coefficients, b1, b2, eps, eps_root, weight_decay)
+    fields, stored = ("mu", "nu"), (mu_dtype, "own")
+    out, (mu, nu) = step_leaves(who, math, scalars, updates, state, fields, stored, params)
+    if mu_dtype is not None:  # optax's update is the momentum, in mu_dtype
+        out = map_updates(lambda u: u.to(mu_dtype), out)
+    return out, ScaleByNovogradState(_increment(state.count), mu, nu)
 
-    def one(g: Tensor, m0: Tensor, v0: Tensor, p: Tensor) -> tuple[Tensor, ...]:
-        sq = torch.linalg.vector_norm(g) ** 2
-        nu = torch.where(first, sq.to(v0.dtype), _ema(sq, v0, coef(b2, g)))
-        step = g / (torch.sqrt(nu + coef(eps_root, g)) + coef(eps, g)) + coef(weight_decay, g) * p
-        mu = torch.where(first, step, coef(b1, g) * m0 + step)
-        mu = mu if mu_dtype is None else mu.to(mu_dtype)
-        return mu, mu, nu
 
-    out, mu, nu = leafwise(who, one, updates, state.mu, state.nu, params, n_out=3)
-    return out, ScaleByNovogradState(count, mu, nu)
+def _novograd_hyperparams(b1: Any, b2: Any, eps: Any, eps_root: Any, weight_decay: Any) -> dict[str, Any]:
+    return {"betas": (b1, b2), "eps": eps, "eps_root": eps_root, "weight_decay": weight_decay}
 
 
 @accepts_schedules

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from ..algorithms.catalogue_more import ADEMAMIX, ADOPT
+from ..algorithms.catalogue_more import ADEMAMIX, ADOPT, MADGRAD
 from ..core.base import GradientTransformation, Params, State, Updates, chain
 from ..transforms.blocks import add_decayed_weights, scale_by_learning_rate
 from ..transforms.clipping import Scalar, coef
@@ -427,27 +427,23 @@ def _madgrad_update(
     learning_rate: Any, momentum: Scalar, eps: Scalar, updates: Updates, state: State, params: Params | None = None,
     **extra_args: Any,
 ) -> tuple[Updates, State]:  # fmt: skip
+    """`fo.MADGRAD`'s math (``catalogue_more._madgrad_math``, timm's) on optax's state
+    (``transforms/from_algorithm.py``), its weight ``(lr + eps) * sqrt(count + 1)`` from
+    its schedule in float64 (optax takes the root in float32), x0 the stored one."""
     who = "scale_by_madgrad update"
     _check_state(state, MadgradState, who)
     check_params(who, params)
-    lr_stable = _at(learning_rate, state.count) + eps
-    # sqrt(count + 1) in float64: optax takes it in float32 (jnp.sqrt of its int32 count)
-    lamb = lr_stable * torch.sqrt((state.count + 1).to(torch.float64))
-
-    def one(g: Tensor, gsq0: Tensor, s0: Tensor, x0: Tensor, p: Tensor) -> tuple[Tensor, ...]:
-        gsq = gsq0 + (lamb * g**2).to(g.dtype)
-        s = s0 + (lamb * g).to(g.dtype)
-        z = x0 - s / (_cbrt(gsq) + eps)
-        x_new = (1 - momentum) * z + momentum * p
-        return x_new - p, gsq, s
-
-    out, gsq, s = leafwise(who, one, updates, state.grad_sum_sq, state.s, state.x0, params, n_out=3)
+    count = state.count.to(torch.float64)
+    _, coefficients = MADGRAD.schedule(count, lr=_at(learning_rate, state.count), eps=eps, weight_decay=0)
+    math = BlockMath(MADGRAD.elementwise, 2, _momentum_and_eps, weight_decay=0, stored_x0=True)
+    scalars = (*coefficients, momentum, eps)
+    fields = ("grad_sum_sq", "s", "x0")
+    out, (gsq, s, _) = step_leaves(who, math, scalars, updates, state, fields, (None, None, None), params)
     return out, MadgradState(_increment(state.count), gsq, s, state.x0)
 
 
-def _cbrt(x: Tensor) -> Tensor:
-    """The real cube root (of non-negative `x` here)."""
-    return torch.sign(x) * torch.abs(x) ** (1 / 3)
+def _momentum_and_eps(momentum: Any, eps: Any) -> dict[str, Any]:
+    return {"momentum": momentum, "eps": eps}
 
 
 def scale_by_madgrad(

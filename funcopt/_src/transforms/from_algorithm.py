@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..core.base import State, Updates
+from ..core.base import Params, State, Updates, a_kind, flatten_together
 from ..engine.ops import Pure
 from .blocks import _alike, _buffer, _columns
 from .clipping import coef
@@ -74,15 +74,22 @@ def step_leaves(
     state: State,
     fields: Sequence[str],
     stored: Sequence[torch.dtype | str | None],
+    params: Params | None = None,
 ) -> tuple[Updates, list[Any]]:
     """A block's pure update: its `math` with the `Pure` ops on each leaf that has an
     update, with the per-param buffers in the fields `fields` of `state`, and the
     `scalars` (its ``c``) cast to the leaf's dtype. The update and the buffers step in
     their promoted dtype (optax's, where a ``mu_dtype`` differs), and each new buffer is
     stored as `stored` says for its field: in that dtype, in the old buffer's (``"own"``),
-    or as computed (None). Returns the new updates and one tree of new buffers per field
+    or as computed (None). The math reads each leaf's param from `params`, where a block
+    needs them (else None). Returns the new updates and one tree of new buffers per field
     (a leaf without an update keeps its own)."""
     (gs, *columns), unflatten = _columns(who, updates, state, fields)
+    ps: list[Any] = [None] * len(gs)
+    if params is not None:
+        (_, ps), _ = flatten_together(
+            updates, params, names=(f"{who}: updates", "params"), hint="Pass the params given to init."
+        )
     out, new = list(gs), [list(column) for column in columns]
     by_dtype: dict[torch.dtype, list[Any]] = {}  # the scalars in each leaf's dtype
     for i, g in enumerate(gs):
@@ -93,7 +100,10 @@ def step_leaves(
         c = by_dtype.get(g.dtype)
         if c is None:
             c = by_dtype[g.dtype] = [coef(x, g) for x in scalars]
-        out[i], _, values = math(Pure, g, False, None, buffers, c)
+        p = ps[i]
+        if params is not None and not isinstance(p, torch.Tensor):
+            raise ValueError(f"{who}: leaf {i} has an update but params holds {a_kind(p)} for it")
+        out[i], _, values = math(Pure, g, False, p, buffers, c)
         for column, old, value, dtype in zip(new, olds, values, stored):
             column[i] = value if dtype is None else value.to(old.dtype if dtype == "own" else dtype)
     return unflatten(out), [unflatten(column) for column in new]
