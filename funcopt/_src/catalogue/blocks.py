@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from ..algorithms.catalogue_more import YOGI
+from ..algorithms.lion import LION
 from ..core.base import GradientTransformation, Params, State, Updates
 from ..core.hyperparams import accepts_schedules
 from ..transforms.clipping import Scalar, abs_sq, coef
@@ -149,23 +150,18 @@ def _lion_update(
     b1: Scalar, b2: Scalar, mu_dtype: torch.dtype | None, mode: str, smooth_beta: float,
     updates: Updates, state: State, params: Params | None = None, **extra_args: Any,
 ) -> tuple[Updates, State]:  # fmt: skip
+    """`fo.Lion`'s math (``lion._math``, with optax's `mode`) with a learning rate of -1
+    (``transforms/from_algorithm.py``), its coefficients from its schedule."""
     who = "scale_by_lion update"
     _check_state(state, ScaleByLionState, who)
-
-    def one(g: Tensor, m0: Tensor) -> tuple[Tensor, ...]:
-        c1 = coef(b1, g)
-        x = (1 - c1) * g + c1 * m0
-        if mode == "hard":
-            out = torch.sign(x)
-        elif mode == "smooth":
-            out = torch.tanh(smooth_beta * x)
-        else:  # refined: linear near 0, the sign beyond 1
-            out = torch.where(x.abs() < 1.0, x, torch.sign(x))
-        mu = _ema(g, m0, coef(b2, g))
-        return out, mu if mu_dtype is None else mu.to(mu_dtype)
-
-    out, mu = leafwise(who, one, updates, state.mu, n_out=2)
+    _, coefficients = LION.schedule(lr=-1, weight_decay=0)
+    math = BlockMath(LION.elementwise, 2, _lion_betas, weight_decay=0, mode=mode, smooth_beta=smooth_beta)
+    out, (mu,) = step_leaves(who, math, (*coefficients, b1, b2), updates, state, ("mu",), (mu_dtype,))
     return out, ScaleByLionState(_increment(state.count), mu)
+
+
+def _lion_betas(b1: Any, b2: Any) -> dict[str, Any]:
+    return {"betas": (b1, b2)}
 
 
 @accepts_schedules
@@ -181,7 +177,7 @@ def scale_by_lion(
     ``(1 - b1) * g + b1 * mu``, then ``mu`` moves to ``g`` at rate ``1 - b2``. `mode`
     "smooth" takes ``tanh(smooth_beta * x)`` for the sign, "refined" keeps ``x`` where
     ``|x| < 1``. Chain it with `add_decayed_weights` and `scale_by_learning_rate` for
-    Lion (`fo.lion` is that chain's math as one algorithm).
+    Lion (`fo.lion` is that chain's math as one algorithm, whose math this block runs).
 
     Example:
         >>> import torch, funcopt as fo
