@@ -20,8 +20,10 @@ from torch import Tensor
 
 from ..algorithms.catalogue_more import YOGI
 from ..algorithms.lion import LION
+from ..algorithms.radam import RADAM
 from ..core.base import GradientTransformation, Params, State, Updates
 from ..core.hyperparams import accepts_schedules
+from ..engine.ops import nonzero
 from ..transforms.clipping import Scalar, abs_sq, coef
 from ..transforms.from_algorithm import BlockMath, betas_and_eps, step_leaves
 from ..transforms.moments import ScaleByAdamState
@@ -205,27 +207,27 @@ def _radam_update(
     b1: Scalar, b2: Scalar, eps: Scalar, eps_root: Scalar, threshold: Scalar, nesterov: bool,
     updates: Updates, state: State, params: Params | None = None, **extra_args: Any,
 ) -> tuple[Updates, State]:  # fmt: skip
+    """`fo.RAdam`'s math (``radam._elementwise``) with a learning rate of -1
+    (``transforms/from_algorithm.py``), its coefficients from its schedule with optax's
+    `threshold` and `nesterov`. optax's denominator ``sqrt(nu / bc2 + eps_root) + eps``
+    is RAdam's ``(sqrt(nu + eps_root * bc2) + eps * sqrt(bc2)) / sqrt(bc2)``."""
     who = "scale_by_radam update"
     _check_state(state, ScaleByAdamState, who)
-    count = _increment(state.count)
-    wide = torch.float64 if count.device.type != "mps" else torch.float32
-    b2w = b2.to(wide) if isinstance(b2, Tensor) else b2
-    ro_inf = 2.0 / (1.0 - b2w) - 1.0
-    b2t = b2w ** count.to(wide)
-    ro = ro_inf - 2 * count.to(wide) * b2t / (1 - b2t)
-    r = torch.sqrt((ro - 4.0) * (ro - 2.0) * ro_inf / ((ro_inf - 4.0) * (ro_inf - 2.0) * ro))
-    rectify = ro >= threshold
-
-    def one(g: Tensor, m0: Tensor, v0: Tensor) -> tuple[Tensor, ...]:
-        c1, c2 = coef(b1, g), coef(b2, g)
-        mu, nu = _ema(g, m0, c1), _ema(abs_sq(g), v0, c2)
-        mu_hat = _nesterov_hat(g, mu, c1, count) if nesterov else _bc(mu, c1, count)
-        nu_hat = _bc(nu, c2, count)
-        rectified = r.to(mu_hat.dtype) * mu_hat / (torch.sqrt(nu_hat + coef(eps_root, g)) + coef(eps, g))
-        return torch.where(rectify, rectified, mu_hat), mu, nu
-
-    out, mu, nu = leafwise(who, one, updates, state.mu, state.nu, n_out=3)
-    return out, ScaleByAdamState(count, mu, nu)
+    wide = torch.float32 if state.count.device.type == "mps" else torch.float64
+    betas = tuple(b.to(wide) if isinstance(b, Tensor) else b for b in (b1, b2))  # rho_inf in float64
+    _, coefficients = RADAM.schedule(
+        state.count.to(wide), lr=-1, betas=betas, weight_decay=0, counter_dtypes=(None,),
+        threshold=threshold, nesterov=nesterov,
+    )  # fmt: skip
+    root_bc2 = coefficients[1]
+    root = eps_root * (root_bc2 * root_bc2) if nonzero(eps_root) else eps_root
+    math = BlockMath(
+        RADAM.elementwise, 4, betas_and_eps, lr=-1, weight_decay=0, decoupled_weight_decay=False,
+        maximize=False, nesterov=bool(nesterov),
+    )  # fmt: skip
+    scalars = (*coefficients, b1, b2, eps * root_bc2, root)
+    out, (mu, nu) = step_leaves(who, math, scalars, updates, state, ("mu", "nu"), (None, None))
+    return out, ScaleByAdamState(_increment(state.count), mu, nu)
 
 
 @accepts_schedules
