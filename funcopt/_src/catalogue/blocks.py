@@ -18,6 +18,7 @@ import optree
 import torch
 from torch import Tensor
 
+from ..algorithms.adamax import ADAMAX
 from ..algorithms.catalogue_more import YOGI
 from ..algorithms.lion import LION
 from ..algorithms.radam import RADAM
@@ -367,18 +368,20 @@ def _adamax_update(
     b1: Scalar, b2: Scalar, eps: Scalar,
     updates: Updates, state: State, params: Params | None = None, **extra_args: Any,
 ) -> tuple[Updates, State]:  # fmt: skip
+    """`fo.Adamax`'s math (``adamax._elementwise``) with a learning rate of -1
+    (``transforms/from_algorithm.py``), its coefficients from its schedule."""
     who = "scale_by_adamax update"
     _check_state(state, ScaleByAdamState, who)
-    count = _increment(state.count)
+    wide = torch.float32 if state.count.device.type == "mps" else torch.float64
+    _, coefficients = ADAMAX.schedule(state.count.to(wide), lr=-1, betas=(b1, b2))
+    math = BlockMath(ADAMAX.elementwise, 3, _adamax_hyperparams, weight_decay=0, maximize=False)
+    scalars = (*coefficients, b1, b2, eps)
+    out, (mu, nu) = step_leaves(who, math, scalars, updates, state, ("mu", "nu"), (None, None))
+    return out, ScaleByAdamState(_increment(state.count), mu, nu)
 
-    def one(g: Tensor, m0: Tensor, v0: Tensor) -> tuple[Tensor, ...]:
-        c1 = coef(b1, g)
-        mu = _ema(g, m0, c1)
-        nu = torch.maximum(torch.abs(g) + coef(eps, g), coef(b2, g) * v0)
-        return _bc(mu, c1, count) / nu, mu, nu
 
-    out, mu, nu = leafwise(who, one, updates, state.mu, state.nu, n_out=3)
-    return out, ScaleByAdamState(count, mu, nu)
+def _adamax_hyperparams(b1: Any, b2: Any, eps: Any) -> dict[str, Any]:
+    return {"betas": (b1, b2), "eps": eps}
 
 
 @accepts_schedules
