@@ -18,6 +18,7 @@ import optree
 import torch
 from torch import Tensor
 
+from ..algorithms import adam
 from ..algorithms.adamax import ADAMAX
 from ..algorithms.catalogue_more import YOGI
 from ..algorithms.lion import LION
@@ -320,20 +321,24 @@ def _amsgrad_update(
     b1: Scalar, b2: Scalar, eps: Scalar, eps_root: Scalar, mu_dtype: torch.dtype | None, bc_mu: bool, bc_nu: bool,
     updates: Updates, state: State, params: Params | None = None, **extra_args: Any,
 ) -> tuple[Updates, State]:  # fmt: skip
+    """`fo.Adam`'s math with amsgrad (``adam._elementwise``) with a learning rate of -1
+    (``transforms/from_algorithm.py``), its coefficients from Adam's schedule (a step size
+    of 1 without `bc_mu`, a ``bc2`` of 1 without `bc_nu`), optax's denominator and
+    ``nu_max``, the running maximum of ``nu / bc2`` (``max_of_quotient``)."""
     who = "scale_by_amsgrad update"
     _check_state(state, ScaleByAmsgradState, who)
-    count = _increment(state.count)
-
-    def one(g: Tensor, m0: Tensor, v0: Tensor, vmax0: Tensor) -> tuple[Tensor, ...]:
-        c1, c2 = coef(b1, g), coef(b2, g)
-        mu, nu = _ema(g, m0, c1), _ema(abs_sq(g), v0, c2)
-        mu_hat = _bc(mu, c1, count) if bc_mu else mu
-        nu_max = torch.maximum(vmax0, _bc(nu, c2, count) if bc_nu else nu)
-        u = mu_hat / (torch.sqrt(nu_max + coef(eps_root, g)) + coef(eps, g))
-        return u, mu if mu_dtype is None else mu.to(mu_dtype), nu, nu_max
-
-    out, mu, nu, nu_max = leafwise(who, one, updates, state.mu, state.nu, state.nu_max, n_out=4)
-    return out, ScaleByAmsgradState(count, mu, nu, nu_max)
+    wide = torch.float32 if state.count.device.type == "mps" else torch.float64
+    _, (step_size, bc2_sqrt, bc2, decay) = adam._schedule(
+        state.count.to(wide), lr=-1, betas=(b1, b2), weight_decay=0, counter_dtypes=(None,)
+    )
+    math = BlockMath(
+        adam._elementwise, 4, betas_and_eps, weight_decay=0, amsgrad=True, maximize=False,
+        decoupled_weight_decay=False, root_of_quotient=True, max_of_quotient=True,
+    )  # fmt: skip
+    scalars = (step_size if bc_mu else 1, bc2_sqrt, bc2 if bc_nu else 1, decay, b1, b2, eps, eps_root)
+    fields, stored = ("mu", "nu", "nu_max"), (mu_dtype, "own", "own")
+    out, (mu, nu, nu_max) = step_leaves(who, math, scalars, updates, state, fields, stored)
+    return out, ScaleByAmsgradState(_increment(state.count), mu, nu, nu_max)
 
 
 @accepts_schedules
