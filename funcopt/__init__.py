@@ -35,7 +35,7 @@ from ._src.algorithms.catalogue_more import (
 )
 from ._src.algorithms.lamb_adan import AdaBeliefState, AdanState, LambState
 from ._src.algorithms.lbfgs import LBFGSState, lbfgs
-from ._src.algorithms.lion import LionState, lion
+from ._src.algorithms.lion import LionState
 from ._src.algorithms.muon import MuonState, muon
 from ._src.algorithms.nadam import NAdamState, nadam
 from ._src.algorithms.radam import RAdamState, radam
@@ -173,7 +173,6 @@ __all__ = [
     "functional_state",
     "inner_loop",
     "lbfgs",
-    "lion",
     "load_functional_state",
     "masked",
     "muon",

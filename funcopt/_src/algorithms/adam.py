@@ -131,13 +131,17 @@ def _elementwise(
     nesterov: bool = False,
     lerp_second_moment: bool = False,
     root_of_quotient: bool = False,
+    max_of_quotient: bool = False,
     **_: Any,
 ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor | None]]:
-    """Adam's step, also ``scale_by_adam``'s (transforms/moments.py). funcopt only, as
-    optax's: `eps_root`, `nesterov` (Dozat's momentum, whose schedule then gives the two
-    weights of its numerator), `lerp_second_moment` (see `_second_moment`) and
-    `root_of_quotient` (the denominator's root taken of ``v / bc2``, as optax's, also
-    where ``bc2 < 0``: a ``b2`` above 1, which a batch of hyperparameters may hold)."""
+    """Adam's step, also ``scale_by_adam``'s (transforms/moments.py) and
+    ``scale_by_amsgrad``'s (catalogue/blocks.py). funcopt only, as optax's: `eps_root`,
+    `nesterov` (Dozat's momentum, whose schedule then gives the two weights of its
+    numerator), `lerp_second_moment` (see `_second_moment`), `root_of_quotient` (the
+    denominator's root taken of ``v / bc2``, as optax's, also where ``bc2 < 0``: a ``b2``
+    above 1, which a batch of hyperparameters may hold) and `max_of_quotient` (with
+    amsgrad, the running maximum of ``v / bc2``, optax's ``nu_max``, of which the root is
+    taken; torch's is of ``v``, divided by the step's ``bc2``)."""
     neg_step_size, bias_correction2_sqrt, bias_correction2, decay = coefficients[:4]
     beta1, beta2 = betas
     if maximize:
@@ -150,18 +154,24 @@ def _elementwise(
     exp_avg = o.lerp_(exp_avg, g, _complement(beta1, g) if beta1_in_param_dtype else 1 - beta1)
     exp_avg_sq = _second_moment(o, exp_avg_sq, g, beta2, lerp_second_moment)
     second = exp_avg_sq
+    quotient_max = amsgrad and max_of_quotient
     if amsgrad:
         if max_exp_avg_sq is None:
             raise KeyError(
                 "amsgrad=True reads the state's max_exp_avg_sq, which a state made "
                 "without amsgrad lacks: make the state with amsgrad=True"
             )
-        second = max_exp_avg_sq = o.maximum_(max_exp_avg_sq, exp_avg_sq)
-    if root_of_quotient or nonzero(eps_root):  # optax's sqrt(v / bc2 + eps_root)
-        denom = o.div(second, bias_correction2)  # (each temporary freed as soon as it is used)
-        if nonzero(eps_root):
-            denom = o.add_(denom, eps_root)
-        denom = o.add_(o.sqrt_(denom), eps)
+        second = o.div(exp_avg_sq, bias_correction2) if quotient_max else exp_avg_sq
+        second = max_exp_avg_sq = o.maximum_(max_exp_avg_sq, second)
+    if root_of_quotient or quotient_max or nonzero(eps_root):  # optax's sqrt(v / bc2 + eps_root)
+        if quotient_max:  # `second` is the buffer max_exp_avg_sq, a quotient already: not in place
+            root = o.sqrt(o.add(second, eps_root) if nonzero(eps_root) else second)
+        else:
+            denom = o.div(second, bias_correction2)  # (each temporary freed as soon as it is used)
+            if nonzero(eps_root):
+                denom = o.add_(denom, eps_root)
+            root = o.sqrt_(denom)
+        denom = o.add_(root, eps)
     else:  # torch's sqrt(v) / sqrt(bc2)
         denom = o.add_(o.div_(o.sqrt(second), bias_correction2_sqrt), eps)
     if nesterov:  # no tensor alpha: the `Pure` and in-place ops then round alike

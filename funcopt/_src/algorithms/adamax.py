@@ -50,6 +50,7 @@ def _elementwise(
     maximize: bool,
     **_: Any,
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """Adamax's step, also ``scale_by_adamax``'s (catalogue/blocks.py)."""
     (clr,) = coefficients
     beta1, beta2 = betas
     if maximize:

@@ -6,22 +6,25 @@ Optimization Algorithms"), as optax's ``lion`` and timm's ``Lion`` compute it.
        - \\gamma \\operatorname{sign}(\\beta_1 m_{t-1} + (1 - \\beta_1) g_t), \\quad
    m_t = \\beta_2 m_{t-1} + (1 - \\beta_2) g_t
 
-Written with funcopt's public API only (`funcopt.Algorithm`, the `funcopt.engine` ops):
-it is the example of ``docs/adding-an-algorithm.md``.
+The algorithm (`LION`, `fo.Lion`'s) is written with names that funcopt exports only
+(`funcopt.Algorithm`, `funcopt.Bound`, `funcopt.Params`, the `funcopt.engine` ops): it is
+the example of ``docs/adding-an-algorithm.md``. Its math is also optax's
+``scale_by_lion`` block's (``catalogue/blocks.py``), whose `mode` it takes. The pure
+factory `fo.lion` takes optax's weight-decay `mask` through `fo.partition`, a transform
+above this layer: it is in ``catalogue/aliases.py``.
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import optree
+import torch
 from torch import Tensor
 
-from ..core.base import GradientTransformation, Params
+from ..core.base import Params
 from ..engine.algorithm import Algorithm
 from ..engine.bounds import Bound
 from ..engine.ops import Coef, Ops, nonzero
-from ..transforms.masking import partition
 
 
 class LionState(NamedTuple):
@@ -49,8 +52,12 @@ def _math(
     betas: tuple[Coef, Coef],
     weight_decay: Coef,
     maximize: bool = False,
+    mode: str = "hard",
+    smooth_beta: Coef = 1.0,
     **_: Any,
 ) -> tuple[Tensor, tuple[Tensor]]:
+    """Lion's step, also ``scale_by_lion``'s (with a learning rate of -1): `mode` is that
+    block's (optax's), see `_direction`."""
     neg_lr, decay = coefficients
     beta1, beta2 = betas
     if maximize:
@@ -59,10 +66,22 @@ def _math(
         out = o.decay_(out, p, decay)
     # timm's operations, in its order (the class is bit for bit timm's Lion): each
     # interpolation in one pass, the update in one new tensor
-    update = o.sign_(o.lerp(exp_avg, g, 1 - beta1))
+    update = _direction(o, o.lerp(exp_avg, g, 1 - beta1), mode, smooth_beta)
     out = o.add_(out, update, alpha=neg_lr)
     exp_avg = o.lerp_(exp_avg, g, 1 - beta2)
     return out, (exp_avg,)
+
+
+def _direction(o: Ops, x: Tensor, mode: str, smooth_beta: Coef) -> Tensor:
+    """The step's direction from the interpolation `x` (a new tensor): its sign, Lion's
+    ("hard"); optax's ``scale_by_lion`` also takes ``tanh(smooth_beta * x)`` ("smooth")
+    or `x` where ``|x| < 1`` and its sign beyond ("refined"). The engine's ops have no
+    tanh: "smooth" takes tensors (`Pure`'s, the block's), not lists."""
+    if mode == "hard":
+        return o.sign_(x)
+    if mode == "smooth":
+        return torch.tanh(o.mul(x, smooth_beta))
+    return o.where(o.lt(o.abs(x), 1.0), x, o.sign(x))
 
 
 LION = Algorithm(
@@ -79,60 +98,3 @@ LION = Algorithm(
         Bound("weight_decay", "Invalid weight_decay value: {}"),
     ),
 )
-
-
-class _DecayLabels:
-    """optax's weight-decay `mask` (a tree of bools, or a function making one) as the
-    labels of `partition`. A class, not a closure, so that the transformation pickles."""
-
-    def __init__(self, mask: Any) -> None:
-        self.mask = mask
-
-    def __call__(self, params: Params) -> Any:
-        mask = self.mask(params) if callable(self.mask) else self.mask
-        return optree.tree_map(lambda decays: "decay" if decays else "no_decay", mask)
-
-
-def lion(
-    learning_rate: float | Tensor,
-    b1: float | Tensor = 0.9,
-    b2: float | Tensor = 0.99,
-    mu_dtype: Any = None,
-    weight_decay: float | Tensor = 1e-3,
-    mask: Any = None,
-) -> GradientTransformation:
-    """Lion as a pure transformation, with optax's arguments and defaults.
-
-    Args:
-        learning_rate: the step size (a number, 0-d tensor or schedule).
-        b1: the weight of the momentum in the interpolation whose sign is the step.
-        b2: the decay rate of the momentum.
-        mu_dtype: the momentum's dtype; only None (the param's dtype) is supported.
-        weight_decay: decoupled weight decay, applied as ``param * (1 - lr * weight_decay)``.
-        mask: where weight decay applies: a pytree of bools like the params, or a
-            function that makes one from them (optax's ``mask``); None: everywhere.
-
-    Example:
-        >>> import torch, funcopt as fo
-        >>> params = {"w": torch.tensor([1.0, -2.0])}
-        >>> tx = fo.lion(learning_rate=0.1, weight_decay=0.0)
-        >>> state = tx.init(params)
-        >>> updates, state = tx.update({"w": torch.tensor([0.5, -0.5])}, state, params)
-        >>> fo.apply_updates(params, updates)["w"]
-        tensor([ 0.9000, -1.9000])
-    """
-    if mu_dtype is not None:
-        raise ValueError(
-            f"lion: mu_dtype={mu_dtype!r} is not supported; the momentum takes each param's dtype "
-            "(leave mu_dtype=None, or cast the params)"
-        )
-    hyperparams = {"lr": learning_rate, "betas": (b1, b2), "maximize": False}
-    if mask is None:
-        return LION.transform(**hyperparams, weight_decay=weight_decay)
-    return partition(
-        {
-            "decay": LION.transform(**hyperparams, weight_decay=weight_decay),
-            "no_decay": LION.transform(**hyperparams, weight_decay=0.0),
-        },
-        _DecayLabels(mask),
-    )

@@ -29,6 +29,7 @@ from ..core.base import GradientTransformation, Params
 from ..engine.algorithm import Algorithm
 from ..engine.bounds import Bound
 from ..engine.ops import Coef, Ops, nonzero, power
+from .adam import _second_moment as second_moment
 from .adam import torch_step
 
 
@@ -57,8 +58,13 @@ def _schedule(
     weight_decay: Coef,
     counter_dtypes: tuple[Any],
     step_in_tensor: torch.dtype | None = None,
+    threshold: Coef | None = None,
+    nesterov: bool = False,
     **_: Any,
-) -> tuple[tuple[Coef], tuple[Coef, Coef, Coef, Coef, Coef]]:
+) -> tuple[tuple[Coef], tuple[Coef, ...]]:
+    """RAdam's per-step scalars; funcopt only, as optax's ``scale_by_radam``: `threshold`
+    (rectify where ``rho_t >= threshold``; None: torch's ``rho_t > 5``) and `nesterov`
+    (Dozat's momentum: the two weights of the numerator, as Adam's schedule gives them)."""
     beta1, beta2 = betas
     step = step + 1
     # torch's capturable step computes from the step tensor, in its dtype (see `RAdam`)
@@ -67,7 +73,7 @@ def _schedule(
     bias_correction2 = 1 - power(beta2, t)
     rho_inf = 2 / (1 - beta2) - 1  # the maximum length of the approximated SMA
     rho_t = rho_inf - 2 * t * power(beta2, t) / bias_correction2
-    rectified = rho_t > 5.0
+    rectified = rho_t > 5.0 if threshold is None else rho_t >= threshold
     if isinstance(rectified, Tensor):
         # No branch on a tensor's value. Where rho_t <= 5 the term is unused, and may be
         # undefined (the root of a negative number; rho_inf is then at most 5, and 2 or
@@ -80,7 +86,10 @@ def _schedule(
     else:
         rect = _rect(rho_t, rho_inf) if rectified else 0.0
     decay = 1 - lr * weight_decay  # for decoupled weight decay
-    return (step,), (bias_correction1, bias_correction2**0.5, rectified, rect, decay)
+    coefficients = (bias_correction1, bias_correction2**0.5, rectified, rect, decay)
+    if nesterov:  # b1 * m / (1 - b1**(t+1)) + (1 - b1) * g / (1 - b1**t)
+        return (step,), (*coefficients, beta1 / (1 - power(beta1, t + 1)), (1 - beta1) / bias_correction1)
+    return (step,), coefficients
 
 
 def _elementwise(
@@ -90,7 +99,7 @@ def _elementwise(
     g: Tensor,
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
-    coefficients: tuple[Coef, Coef, Coef, Coef, Coef],
+    coefficients: tuple[Coef, ...],
     *,
     lr: Coef,
     betas: tuple[Coef, Coef],
@@ -99,9 +108,12 @@ def _elementwise(
     decoupled_weight_decay: bool,
     maximize: bool,
     eps_root: Coef = 0.0,
+    nesterov: bool = False,
     **_: Any,
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    bias_correction1, bias_correction2_sqrt, rectified, rect, decay = coefficients
+    """RAdam's step, also ``scale_by_radam``'s (catalogue/blocks.py), whose `nesterov`
+    (optax's) takes Dozat's momentum with the schedule's two weights."""
+    bias_correction1, bias_correction2_sqrt, rectified, rect, decay = coefficients[:5]
     beta1, beta2 = betas
     if maximize:
         g = o.neg(g)
@@ -111,8 +123,13 @@ def _elementwise(
         else:
             g = o.add(g, p, alpha=weight_decay)
     exp_avg = o.lerp_(exp_avg, g, 1 - beta1)
-    exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), g, g, value=1 - beta2)
-    step = o.mul_(o.div(exp_avg, bias_correction1), lr)  # the bias-corrected average, times lr
+    exp_avg_sq = second_moment(o, exp_avg_sq, g, beta2, False)
+    if nesterov:
+        momentum_weight, grad_weight = coefficients[5:]
+        corrected = o.add_(o.mul(exp_avg, momentum_weight), o.mul(g, grad_weight))
+    else:
+        corrected = o.div(exp_avg, bias_correction1)
+    step = o.mul_(corrected, lr)  # the bias-corrected average, times lr
     if isinstance(rectified, Tensor) or rectified:
         root = o.sqrt(exp_avg_sq) if not nonzero(eps_root) else o.sqrt_(o.add(exp_avg_sq, eps_root))
         adaptive = o.mul_(o.reciprocal_(o.add_(root, eps)), bias_correction2_sqrt)  # as torch's c / t

@@ -2,7 +2,8 @@
 optax's ``alias.py``, under optax's names and arguments: `adabelief`, `adamaxw`, `adan`,
 `amsgrad`, `fromage`, `lamb`, `lars`, `nadamw`, `novograd`,
 `optimistic_gradient_descent`, `optimistic_adam`, `polyak_sgd`, `sign_sgd`, `signum`,
-`sm3`, `yogi`.
+`sm3`, `yogi`; and `lion`, `fo.Lion`'s algorithm (``algorithms/lion.py``, its state
+`LionState`) under optax's arguments, its weight-decay mask through `partition`.
 
 `learning_rate` may be a number, a 0-d tensor or a schedule (the state then holds its
 count, as optax's ``scale_by_learning_rate``)."""
@@ -13,12 +14,15 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import optree
 import torch
+from torch import Tensor
 
-from ..core.base import GradientTransformation, chain
+from ..algorithms.lion import LION
+from ..core.base import GradientTransformation, Params, chain
 from ..transforms.blocks import add_decayed_weights, identity, scale, scale_by_learning_rate, scale_by_sign
 from ..transforms.clipping import Scalar
-from ..transforms.masking import masked
+from ..transforms.masking import masked, partition
 from ..transforms.moments import ema, scale_by_adam, trace
 from .accumulators import scale_by_sm3
 from .blocks import (
@@ -40,6 +44,7 @@ __all__ = [
     "fromage",
     "lamb",
     "lars",
+    "lion",
     "nadamw",
     "novograd",
     "optimistic_adam",
@@ -257,6 +262,65 @@ def lars(
         masked(scale_by_trust_ratio(trust_coefficient=trust_coefficient, eps=eps), trust_ratio_mask),
         scale_by_learning_rate(learning_rate),
         trace(decay=momentum, nesterov=nesterov),
+    )
+
+
+class _DecayLabels:
+    """optax's weight-decay `mask` (a tree of bools, or a function making one) as the
+    labels of `partition`. A class, not a closure, so that the transformation pickles."""
+
+    def __init__(self, mask: Any) -> None:
+        self.mask = mask
+
+    def __call__(self, params: Params) -> Any:
+        mask = self.mask(params) if callable(self.mask) else self.mask
+        return optree.tree_map(lambda decays: "decay" if decays else "no_decay", mask)
+
+
+def lion(
+    learning_rate: float | Tensor,
+    b1: float | Tensor = 0.9,
+    b2: float | Tensor = 0.99,
+    mu_dtype: Any = None,
+    weight_decay: float | Tensor = 1e-3,
+    mask: Any = None,
+) -> GradientTransformation:
+    """Lion as a pure transformation, with optax's arguments and defaults: `fo.Lion`'s
+    algorithm (``algorithms/lion.py``, whose math ``scale_by_lion`` runs too), one per
+    side of the weight-decay `mask` through `partition`.
+
+    Args:
+        learning_rate: the step size (a number, 0-d tensor or schedule).
+        b1: the weight of the momentum in the interpolation whose sign is the step.
+        b2: the decay rate of the momentum.
+        mu_dtype: the momentum's dtype; only None (the param's dtype) is supported.
+        weight_decay: decoupled weight decay, applied as ``param * (1 - lr * weight_decay)``.
+        mask: where weight decay applies: a pytree of bools like the params, or a
+            function that makes one from them (optax's ``mask``); None: everywhere.
+
+    Example:
+        >>> import torch, funcopt as fo
+        >>> params = {"w": torch.tensor([1.0, -2.0])}
+        >>> tx = fo.lion(learning_rate=0.1, weight_decay=0.0)
+        >>> state = tx.init(params)
+        >>> updates, state = tx.update({"w": torch.tensor([0.5, -0.5])}, state, params)
+        >>> fo.apply_updates(params, updates)["w"]
+        tensor([ 0.9000, -1.9000])
+    """
+    if mu_dtype is not None:
+        raise ValueError(
+            f"lion: mu_dtype={mu_dtype!r} is not supported; the momentum takes each param's dtype "
+            "(leave mu_dtype=None, or cast the params)"
+        )
+    hyperparams = {"lr": learning_rate, "betas": (b1, b2), "maximize": False}
+    if mask is None:
+        return LION.transform(**hyperparams, weight_decay=weight_decay)
+    return partition(
+        {
+            "decay": LION.transform(**hyperparams, weight_decay=weight_decay),
+            "no_decay": LION.transform(**hyperparams, weight_decay=0.0),
+        },
+        _DecayLabels(mask),
     )
 
 

@@ -18,15 +18,19 @@ import optree
 import torch
 from torch import Tensor
 
+from ..algorithms import adam
+from ..algorithms.adamax import ADAMAX
 from ..algorithms.catalogue_more import NOVOGRAD, YOGI
 from ..algorithms.lamb_adan import ADABELIEF, ADAN
+from ..algorithms.lion import LION
+from ..algorithms.radam import RADAM
 from ..core.base import GradientTransformation, Params, State, Updates
 from ..core.hyperparams import accepts_schedules
-from ..transforms.clipping import Scalar, abs_sq, coef, map_updates
+from ..engine.ops import nonzero
+from ..transforms.clipping import Scalar, coef, map_updates
 from ..transforms.from_algorithm import BlockMath, betas_and_eps, step_leaves
 from ..transforms.moments import ScaleByAdamState
 from ._common import (
-    _bias_correction,
     _check_state,
     _count,
     _increment,
@@ -54,21 +58,6 @@ __all__ = [
     "scale_by_radam",
     "scale_by_yogi",
 ]
-
-
-def _ema(g: Any, m: Tensor, decay: Any) -> Tensor:
-    """``(1 - decay) * g + decay * m`` (optax's ``update_moment``)."""
-    return (1 - decay) * g + decay * m
-
-
-def _bc(t: Tensor, decay: Any, count: Tensor) -> Tensor:
-    """`t` divided by ``1 - decay**count`` (optax's ``bias_correction``)."""
-    return t / _bias_correction(decay, count).to(t.real.dtype if t.is_complex() else t.dtype)
-
-
-def _nesterov_hat(g: Tensor, mu: Tensor, b1: Any, count: Tensor) -> Tensor:
-    """Dozat's Nesterov first moment, as optax's blocks write it."""
-    return b1 * _bc(mu, b1, _increment(count)) + (1 - b1) * _bc(g, b1, count)
 
 
 # ---------------------------------------------------------------- AdaBelief
@@ -152,23 +141,18 @@ def _lion_update(
     b1: Scalar, b2: Scalar, mu_dtype: torch.dtype | None, mode: str, smooth_beta: float,
     updates: Updates, state: State, params: Params | None = None, **extra_args: Any,
 ) -> tuple[Updates, State]:  # fmt: skip
+    """`fo.Lion`'s math (``lion._math``, with optax's `mode`) with a learning rate of -1
+    (``transforms/from_algorithm.py``), its coefficients from its schedule."""
     who = "scale_by_lion update"
     _check_state(state, ScaleByLionState, who)
-
-    def one(g: Tensor, m0: Tensor) -> tuple[Tensor, ...]:
-        c1 = coef(b1, g)
-        x = (1 - c1) * g + c1 * m0
-        if mode == "hard":
-            out = torch.sign(x)
-        elif mode == "smooth":
-            out = torch.tanh(smooth_beta * x)
-        else:  # refined: linear near 0, the sign beyond 1
-            out = torch.where(x.abs() < 1.0, x, torch.sign(x))
-        mu = _ema(g, m0, coef(b2, g))
-        return out, mu if mu_dtype is None else mu.to(mu_dtype)
-
-    out, mu = leafwise(who, one, updates, state.mu, n_out=2)
+    _, coefficients = LION.schedule(lr=-1, weight_decay=0)
+    math = BlockMath(LION.elementwise, 2, _lion_betas, weight_decay=0, mode=mode, smooth_beta=smooth_beta)
+    out, (mu,) = step_leaves(who, math, (*coefficients, b1, b2), updates, state, ("mu",), (mu_dtype,))
     return out, ScaleByLionState(_increment(state.count), mu)
+
+
+def _lion_betas(b1: Any, b2: Any) -> dict[str, Any]:
+    return {"betas": (b1, b2)}
 
 
 @accepts_schedules
@@ -184,7 +168,7 @@ def scale_by_lion(
     ``(1 - b1) * g + b1 * mu``, then ``mu`` moves to ``g`` at rate ``1 - b2``. `mode`
     "smooth" takes ``tanh(smooth_beta * x)`` for the sign, "refined" keeps ``x`` where
     ``|x| < 1``. Chain it with `add_decayed_weights` and `scale_by_learning_rate` for
-    Lion (`fo.lion` is that chain's math as one algorithm).
+    Lion (`fo.lion` is that chain's math as one algorithm, whose math this block runs).
 
     Example:
         >>> import torch, funcopt as fo
@@ -212,27 +196,27 @@ def _radam_update(
     b1: Scalar, b2: Scalar, eps: Scalar, eps_root: Scalar, threshold: Scalar, nesterov: bool,
     updates: Updates, state: State, params: Params | None = None, **extra_args: Any,
 ) -> tuple[Updates, State]:  # fmt: skip
+    """`fo.RAdam`'s math (``radam._elementwise``) with a learning rate of -1
+    (``transforms/from_algorithm.py``), its coefficients from its schedule with optax's
+    `threshold` and `nesterov`. optax's denominator ``sqrt(nu / bc2 + eps_root) + eps``
+    is RAdam's ``(sqrt(nu + eps_root * bc2) + eps * sqrt(bc2)) / sqrt(bc2)``."""
     who = "scale_by_radam update"
     _check_state(state, ScaleByAdamState, who)
-    count = _increment(state.count)
-    wide = torch.float64 if count.device.type != "mps" else torch.float32
-    b2w = b2.to(wide) if isinstance(b2, Tensor) else b2
-    ro_inf = 2.0 / (1.0 - b2w) - 1.0
-    b2t = b2w ** count.to(wide)
-    ro = ro_inf - 2 * count.to(wide) * b2t / (1 - b2t)
-    r = torch.sqrt((ro - 4.0) * (ro - 2.0) * ro_inf / ((ro_inf - 4.0) * (ro_inf - 2.0) * ro))
-    rectify = ro >= threshold
-
-    def one(g: Tensor, m0: Tensor, v0: Tensor) -> tuple[Tensor, ...]:
-        c1, c2 = coef(b1, g), coef(b2, g)
-        mu, nu = _ema(g, m0, c1), _ema(abs_sq(g), v0, c2)
-        mu_hat = _nesterov_hat(g, mu, c1, count) if nesterov else _bc(mu, c1, count)
-        nu_hat = _bc(nu, c2, count)
-        rectified = r.to(mu_hat.dtype) * mu_hat / (torch.sqrt(nu_hat + coef(eps_root, g)) + coef(eps, g))
-        return torch.where(rectify, rectified, mu_hat), mu, nu
-
-    out, mu, nu = leafwise(who, one, updates, state.mu, state.nu, n_out=3)
-    return out, ScaleByAdamState(count, mu, nu)
+    wide = torch.float32 if state.count.device.type == "mps" else torch.float64
+    betas = tuple(b.to(wide) if isinstance(b, Tensor) else b for b in (b1, b2))  # rho_inf in float64
+    _, coefficients = RADAM.schedule(
+        state.count.to(wide), lr=-1, betas=betas, weight_decay=0, counter_dtypes=(None,),
+        threshold=threshold, nesterov=nesterov,
+    )  # fmt: skip
+    root_bc2 = coefficients[1]
+    root = eps_root * (root_bc2 * root_bc2) if nonzero(eps_root) else eps_root
+    math = BlockMath(
+        RADAM.elementwise, 4, betas_and_eps, lr=-1, weight_decay=0, decoupled_weight_decay=False,
+        maximize=False, nesterov=bool(nesterov),
+    )  # fmt: skip
+    scalars = (*coefficients, b1, b2, eps * root_bc2, root)
+    out, (mu, nu) = step_leaves(who, math, scalars, updates, state, ("mu", "nu"), (None, None))
+    return out, ScaleByAdamState(_increment(state.count), mu, nu)
 
 
 @accepts_schedules
@@ -324,20 +308,24 @@ def _amsgrad_update(
     b1: Scalar, b2: Scalar, eps: Scalar, eps_root: Scalar, mu_dtype: torch.dtype | None, bc_mu: bool, bc_nu: bool,
     updates: Updates, state: State, params: Params | None = None, **extra_args: Any,
 ) -> tuple[Updates, State]:  # fmt: skip
+    """`fo.Adam`'s math with amsgrad (``adam._elementwise``) with a learning rate of -1
+    (``transforms/from_algorithm.py``), its coefficients from Adam's schedule (a step size
+    of 1 without `bc_mu`, a ``bc2`` of 1 without `bc_nu`), optax's denominator and
+    ``nu_max``, the running maximum of ``nu / bc2`` (``max_of_quotient``)."""
     who = "scale_by_amsgrad update"
     _check_state(state, ScaleByAmsgradState, who)
-    count = _increment(state.count)
-
-    def one(g: Tensor, m0: Tensor, v0: Tensor, vmax0: Tensor) -> tuple[Tensor, ...]:
-        c1, c2 = coef(b1, g), coef(b2, g)
-        mu, nu = _ema(g, m0, c1), _ema(abs_sq(g), v0, c2)
-        mu_hat = _bc(mu, c1, count) if bc_mu else mu
-        nu_max = torch.maximum(vmax0, _bc(nu, c2, count) if bc_nu else nu)
-        u = mu_hat / (torch.sqrt(nu_max + coef(eps_root, g)) + coef(eps, g))
-        return u, mu if mu_dtype is None else mu.to(mu_dtype), nu, nu_max
-
-    out, mu, nu, nu_max = leafwise(who, one, updates, state.mu, state.nu, state.nu_max, n_out=4)
-    return out, ScaleByAmsgradState(count, mu, nu, nu_max)
+    wide = torch.float32 if state.count.device.type == "mps" else torch.float64
+    _, (step_size, bc2_sqrt, bc2, decay) = adam._schedule(
+        state.count.to(wide), lr=-1, betas=(b1, b2), weight_decay=0, counter_dtypes=(None,)
+    )
+    math = BlockMath(
+        adam._elementwise, 4, betas_and_eps, weight_decay=0, amsgrad=True, maximize=False,
+        decoupled_weight_decay=False, root_of_quotient=True, max_of_quotient=True,
+    )  # fmt: skip
+    scalars = (step_size if bc_mu else 1, bc2_sqrt, bc2 if bc_nu else 1, decay, b1, b2, eps, eps_root)
+    fields, stored = ("mu", "nu", "nu_max"), (mu_dtype, "own", "own")
+    out, (mu, nu, nu_max) = step_leaves(who, math, scalars, updates, state, fields, stored)
+    return out, ScaleByAmsgradState(_increment(state.count), mu, nu, nu_max)
 
 
 @accepts_schedules
@@ -372,18 +360,20 @@ def _adamax_update(
     b1: Scalar, b2: Scalar, eps: Scalar,
     updates: Updates, state: State, params: Params | None = None, **extra_args: Any,
 ) -> tuple[Updates, State]:  # fmt: skip
+    """`fo.Adamax`'s math (``adamax._elementwise``) with a learning rate of -1
+    (``transforms/from_algorithm.py``), its coefficients from its schedule."""
     who = "scale_by_adamax update"
     _check_state(state, ScaleByAdamState, who)
-    count = _increment(state.count)
+    wide = torch.float32 if state.count.device.type == "mps" else torch.float64
+    _, coefficients = ADAMAX.schedule(state.count.to(wide), lr=-1, betas=(b1, b2))
+    math = BlockMath(ADAMAX.elementwise, 3, _adamax_hyperparams, weight_decay=0, maximize=False)
+    scalars = (*coefficients, b1, b2, eps)
+    out, (mu, nu) = step_leaves(who, math, scalars, updates, state, ("mu", "nu"), (None, None))
+    return out, ScaleByAdamState(_increment(state.count), mu, nu)
 
-    def one(g: Tensor, m0: Tensor, v0: Tensor) -> tuple[Tensor, ...]:
-        c1 = coef(b1, g)
-        mu = _ema(g, m0, c1)
-        nu = torch.maximum(torch.abs(g) + coef(eps, g), coef(b2, g) * v0)
-        return _bc(mu, c1, count) / nu, mu, nu
 
-    out, mu, nu = leafwise(who, one, updates, state.mu, state.nu, n_out=3)
-    return out, ScaleByAdamState(count, mu, nu)
+def _adamax_hyperparams(b1: Any, b2: Any, eps: Any) -> dict[str, Any]:
+    return {"betas": (b1, b2), "eps": eps}
 
 
 @accepts_schedules

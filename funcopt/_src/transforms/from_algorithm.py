@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from ..core.base import Params, State, Updates, a_kind, flatten_together
 from ..engine.ops import Pure
@@ -99,7 +100,7 @@ def step_leaves(
         g, *buffers = _alike(g, *olds)
         c = by_dtype.get(g.dtype)
         if c is None:
-            c = by_dtype[g.dtype] = [coef(x, g) for x in scalars]
+            c = by_dtype[g.dtype] = [_coefficient(x, g) for x in scalars]
         p = ps[i]
         if params is not None and not isinstance(p, torch.Tensor):
             raise ValueError(f"{who}: leaf {i} has an update but params holds {a_kind(p)} for it")
@@ -107,3 +108,9 @@ def step_leaves(
         for column, old, value, dtype in zip(new, olds, values, stored):
             column[i] = value if dtype is None else value.to(old.dtype if dtype == "own" else dtype)
     return unflatten(out), [unflatten(column) for column in new]
+
+
+def _coefficient(x: Any, g: Tensor) -> Any:
+    """A scalar of the math for leaf `g`: `coef`'s cast, but a bool tensor (a choice the
+    math makes with ``o.where``: RAdam's rectification) stays bool."""
+    return x if isinstance(x, Tensor) and x.dtype == torch.bool else coef(x, g)
