@@ -40,6 +40,7 @@ def test_cases_cover_the_protocol():
 CASES = [
     ("neg", 1, {}),
     ("abs", 1, {}),
+    ("tanh", 1, {}),
     ("sqrt", 1, {}),
     ("add", 2, {"alpha": 0.3}),
     ("add", 1, (1e-3,)),

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import torch
 from torch import Tensor
 
 from ..core.base import Params
@@ -75,12 +74,11 @@ def _math(
 def _direction(o: Ops, x: Tensor, mode: str, smooth_beta: Coef) -> Tensor:
     """The step's direction from the interpolation `x` (a new tensor): its sign, Lion's
     ("hard"); optax's ``scale_by_lion`` also takes ``tanh(smooth_beta * x)`` ("smooth")
-    or `x` where ``|x| < 1`` and its sign beyond ("refined"). The engine's ops have no
-    tanh: "smooth" takes tensors (`Pure`'s, the block's), not lists."""
+    or `x` where ``|x| < 1`` and its sign beyond ("refined")."""
     if mode == "hard":
         return o.sign_(x)
     if mode == "smooth":
-        return torch.tanh(o.mul(x, smooth_beta))
+        return o.tanh(o.mul(x, smooth_beta))
     return o.where(o.lt(o.abs(x), 1.0), x, o.sign(x))
 
 

@@ -62,6 +62,7 @@ class Ops(Protocol):
     def abs(self, x: Any) -> Any: ...
     def sign(self, x: Any) -> Any: ...
     def sign_(self, x: Any) -> Any: ...
+    def tanh(self, x: Any) -> Any: ...
     def sqrt(self, x: Any) -> Any: ...
     def sqrt_(self, x: Any) -> Any: ...
     def reciprocal_(self, x: Any) -> Any: ...
@@ -186,6 +187,7 @@ class InPlace:
     # Rprop, ASGD, RMSprop: new tensors, masks, and writes into temporaries (Rprop's factors)
     sign = staticmethod(torch.sign)
     sign_ = staticmethod(Tensor.sign_)
+    tanh = staticmethod(torch.tanh)
     mul = staticmethod(torch.mul)
     sub = staticmethod(torch.sub)
     addcmul = staticmethod(torch.addcmul)
@@ -317,6 +319,7 @@ class ForEach:
 
     sign = staticmethod(_foreach(torch._foreach_sign))
     sign_ = staticmethod(_foreach_(torch._foreach_sign_))
+    tanh = staticmethod(_foreach(torch._foreach_tanh))
     mul = staticmethod(_foreach(torch._foreach_mul))
     sub = staticmethod(_foreach(torch._foreach_sub))
     addcmul = staticmethod(_foreach(torch._foreach_addcmul))
@@ -405,6 +408,7 @@ class PureForEach:
     Coefficients are Python numbers."""
 
     sign = sign_ = staticmethod(_foreach(torch._foreach_sign))
+    tanh = staticmethod(_foreach(torch._foreach_tanh))
     mul = staticmethod(_foreach(torch._foreach_mul))
     sub = staticmethod(_foreach(torch._foreach_sub))
     addcmul = staticmethod(_foreach(torch._foreach_addcmul))
@@ -483,6 +487,7 @@ class Pure:
     """Returns new tensors and mutates nothing; coefficients may be 0-d tensors."""
 
     sign = sign_ = staticmethod(torch.sign)
+    tanh = staticmethod(torch.tanh)
     sub = staticmethod(torch.sub)
 
     @staticmethod
