@@ -27,6 +27,7 @@ from ..algorithms.radam import RADAM
 from ..core.base import GradientTransformation, Params, State, Updates
 from ..core.hyperparams import accepts_schedules
 from ..engine.ops import nonzero
+from ..transforms.blocks import wide_dtype
 from ..transforms.clipping import Scalar, coef, map_updates
 from ..transforms.from_algorithm import BlockMath, betas_and_eps, step_leaves
 from ..transforms.moments import ScaleByAdamState
@@ -83,7 +84,7 @@ def _belief_update(
     rate of -1 (``transforms/from_algorithm.py``), its coefficients from its schedule."""
     who = "scale_by_belief update"
     _check_state(state, ScaleByBeliefState, who)
-    wide = torch.float32 if state.count.device.type == "mps" else torch.float64
+    wide = wide_dtype(state.count)
     nesterov = bool(nesterov)
     _, coefficients = ADABELIEF.schedule(
         state.count.to(wide), lr=-1, betas=(b1, b2), weight_decay=0, rectify=False, nesterov=nesterov
@@ -202,7 +203,7 @@ def _radam_update(
     is RAdam's ``(sqrt(nu + eps_root * bc2) + eps * sqrt(bc2)) / sqrt(bc2)``."""
     who = "scale_by_radam update"
     _check_state(state, ScaleByAdamState, who)
-    wide = torch.float32 if state.count.device.type == "mps" else torch.float64
+    wide = wide_dtype(state.count)
     betas = tuple(b.to(wide) if isinstance(b, Tensor) else b for b in (b1, b2))  # rho_inf in float64
     _, coefficients = RADAM.schedule(
         state.count.to(wide), lr=-1, betas=betas, weight_decay=0, counter_dtypes=(None,),
@@ -259,7 +260,7 @@ def _yogi_update(
     (``transforms/from_algorithm.py``), its coefficients from its schedule."""
     who = "scale_by_yogi update"
     _check_state(state, ScaleByAdamState, who)
-    wide = torch.float32 if state.count.device.type == "mps" else torch.float64
+    wide = wide_dtype(state.count)
     _, coefficients = YOGI.schedule(state.count.to(wide), lr=-1, betas=(b1, b2))
     math = BlockMath(YOGI.elementwise, 4, betas_and_eps)
     scalars = (*coefficients, b1, b2, eps, eps_root)
@@ -314,7 +315,7 @@ def _amsgrad_update(
     ``nu_max``, the running maximum of ``nu / bc2`` (``max_of_quotient``)."""
     who = "scale_by_amsgrad update"
     _check_state(state, ScaleByAmsgradState, who)
-    wide = torch.float32 if state.count.device.type == "mps" else torch.float64
+    wide = wide_dtype(state.count)
     _, (step_size, bc2_sqrt, bc2, decay) = adam._schedule(
         state.count.to(wide), lr=-1, betas=(b1, b2), weight_decay=0, counter_dtypes=(None,)
     )
@@ -364,7 +365,7 @@ def _adamax_update(
     (``transforms/from_algorithm.py``), its coefficients from its schedule."""
     who = "scale_by_adamax update"
     _check_state(state, ScaleByAdamState, who)
-    wide = torch.float32 if state.count.device.type == "mps" else torch.float64
+    wide = wide_dtype(state.count)
     _, coefficients = ADAMAX.schedule(state.count.to(wide), lr=-1, betas=(b1, b2))
     math = BlockMath(ADAMAX.elementwise, 3, _adamax_hyperparams, weight_decay=0, maximize=False)
     scalars = (*coefficients, b1, b2, eps)
@@ -417,7 +418,7 @@ def _adan_update(
     weight ``1 - b2`` of the gradient difference (``diff_weight``) and its `eps_root`."""
     who = "scale_by_adan update"
     _check_state(state, ScaleByAdanState, who)
-    wide = torch.float32 if state.t.device.type == "mps" else torch.float64
+    wide = wide_dtype(state.t)
     betas = (b1, b2, b3)
     _, coefficients = ADAN.schedule(state.t.to(wide), lr=-1, betas=betas, weight_decay=0, diff_weight=1 - b2)
     scalars = (*coefficients, *betas, 1 - b2, eps, eps_root)
@@ -485,7 +486,7 @@ def _novograd_update(
     who = "scale_by_novograd update"
     _check_state(state, ScaleByNovogradState, who)
     check_params(who, params)
-    wide = torch.float32 if state.count.device.type == "mps" else torch.float64
+    wide = wide_dtype(state.count)
     _, coefficients = NOVOGRAD.schedule(state.count.to(wide), lr=-1, weight_decay=0)
     math = BlockMath(NOVOGRAD.elementwise, 5, _novograd_hyperparams, absent=1, first_step=state.count == 0)
     scalars = (*coefficients, b1, b2, eps, eps_root, weight_decay)

@@ -67,10 +67,16 @@ def _count(params: Params) -> Tensor:
     return torch.zeros((), dtype=torch.int32, device=leaves[0].device if leaves else None)
 
 
+def wide_dtype(count: Tensor) -> torch.dtype:
+    """The dtype in which a block computes its per-step scalars from its `count`: float64,
+    or float32 on MPS, which has no float64."""
+    return torch.float32 if count.device.type == "mps" else torch.float64
+
+
 def _bias_correction(decay: Scalar, count: Tensor) -> Tensor:
     """``1 - decay**count`` as a 0-d tensor, computed in float64 (where the device has it):
     in float32 it loses digits where ``decay**count`` is near 1 (see the API contract)."""
-    wide = torch.float32 if count.device.type == "mps" else torch.float64
+    wide = wide_dtype(count)
     c = count.to(wide)
     return 1 - (decay.to(wide) if isinstance(decay, Tensor) else decay) ** c
 

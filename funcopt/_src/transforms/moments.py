@@ -33,6 +33,7 @@ from .blocks import (
     _count,
     _increment,
     _zeros,
+    wide_dtype,
 )
 from .clipping import Scalar, coef
 from .from_algorithm import BlockMath, betas_and_eps, step_leaves
@@ -233,7 +234,7 @@ def _adam_scalars(
 ) -> tuple[Any, ...]:
     """`_adam_math`'s coefficients and per-step hyperparameters after `count` steps: Adam's
     schedule (``adam._schedule``) with a learning rate of -1, in float64 (float32 on MPS)."""
-    wide = torch.float32 if count.device.type == "mps" else torch.float64
+    wide = wide_dtype(count)
     _, coefficients = adam._schedule(
         count.to(wide), lr=-1, betas=(b1, b2), weight_decay=0, counter_dtypes=(None,), nesterov=nesterov
     )
