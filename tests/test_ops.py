@@ -7,11 +7,27 @@ from __future__ import annotations
 import pytest
 import torch
 
+from funcopt._src.catalogue import distance_math, sm3_math
 from funcopt._src.engine import inplace
 from funcopt._src.engine.ops import ForEach, Fresh, InPlace, Ops, Pure, PureForEach, TensorList, nonzero
 from funcopt._src.torch.fused import OnParam
+from funcopt._src.transforms import schedule_free_math
 
 NAMESPACES = [InPlace, ForEach, Pure, PureForEach, OnParam]
+
+# The namespaces of one family's math: an engine namespace, and the family's own ops.
+SM3_OPS = {"accumulate", "scaled", "ema", "per_axis"}
+DISTANCE_OPS = {"dots", "add_dot", "add_l1", "maximum", "sliced", "no_sum"}
+SCHEDULE_FREE_OPS = {"toward_"}
+FAMILY_NAMESPACES = [
+    (sm3_math.InPlace, InPlace, SM3_OPS),
+    (sm3_math.Pure, Pure, SM3_OPS),
+    (distance_math.InPlaceLists, ForEach, DISTANCE_OPS),
+    (distance_math.ScratchLists, ForEach, DISTANCE_OPS),
+    (distance_math.PureLists, PureForEach, DISTANCE_OPS),
+    (type(schedule_free_math.FOREACH), ForEach, SCHEDULE_FREE_OPS),
+    (type(schedule_free_math.PURE), Pure, SCHEDULE_FREE_OPS),
+]
 
 
 def _protocol_names():
@@ -27,6 +43,28 @@ def test_every_namespace_has_every_op(namespace):
     assert not missing, f"{namespace.__name__} lacks {missing}"
     own = {name for name in vars(namespace) if not name.startswith("_")}
     assert own <= set(_protocol_names()), f"undeclared ops: {sorted(own - set(_protocol_names()))}"
+
+
+@pytest.mark.parametrize(
+    "namespace,engine,extra",
+    FAMILY_NAMESPACES,
+    ids=[f"{n.__module__.rsplit('.', 1)[-1]}.{n.__qualname__}" for n, _, _ in FAMILY_NAMESPACES],
+)
+def test_family_namespaces_have_every_op(namespace, engine, extra):
+    """A family's namespace is an engine namespace with ops of its own: it has each op of
+    the protocol, and its own ops are those declared above, none a protocol op's name."""
+    assert issubclass(namespace, engine)
+    missing = [name for name in _protocol_names() if not callable(getattr(namespace, name, None))]
+    assert not missing, f"{namespace.__qualname__} lacks {missing}"
+    own = {
+        name
+        for cls in namespace.__mro__[: namespace.__mro__.index(engine)]
+        for name in vars(cls)
+        if not name.startswith("_")
+    }
+    assert not extra & set(_protocol_names())
+    assert own - set(_protocol_names()) == extra
+    assert all(callable(getattr(namespace, name)) for name in extra)
 
 
 def test_cases_cover_the_protocol():
@@ -102,10 +140,11 @@ def test_inplace_and_pure_agree(name, n, coefs, shape):
             assert torch.equal(a, s)
 
 
-@pytest.mark.parametrize("lists", [ForEach, PureForEach], ids=lambda n: n.__name__)
+@pytest.mark.parametrize("lists", [ForEach, PureForEach, distance_math.PureLists], ids=lambda n: n.__name__)
 @pytest.mark.parametrize("name,n,coefs", CASES, ids=[c[0] for c in CASES])
 def test_foreach_is_inplace_on_each_tensor(name, n, coefs, lists):
-    """`ForEach` is `InPlace`, `PureForEach` is `Pure`, on each tensor of their lists."""
+    """`ForEach` is `InPlace`, `PureForEach` is `Pure`, on each tensor of their lists
+    (`PureLists`, `Pure` leaf by leaf, on plain lists)."""
     kwargs = coefs if isinstance(coefs, dict) else {}
     extra = coefs if isinstance(coefs, tuple) else ()
     columns = list(zip(_args(n, (3, 4), torch.float32), _args(n, (), torch.float64)))
@@ -113,10 +152,10 @@ def test_foreach_is_inplace_on_each_tensor(name, n, coefs, lists):
     args = [TensorList(t.clone() for t in column) for column in columns]
     snapshot = [[t.clone() for t in column] for column in args]
     result = getattr(lists, name)(*args, *extra, **kwargs)
-    assert isinstance(result, TensorList)
+    assert isinstance(result, list if lists is distance_math.PureLists else TensorList) and len(result) == 2
     for r, e in zip(result, expected):
         torch.testing.assert_close(r, e)
-    if lists is PureForEach:  # mutates nothing
+    if lists is not ForEach:  # mutates nothing
         for column, before in zip(args, snapshot):
             torch.testing.assert_close(list(column), before, rtol=0, atol=0)
         return
@@ -151,6 +190,83 @@ def test_where_masked_fill_and_item_agree(namespace):
     norm = wrap(x.sum())
     values = [float(v) for v in unwrap(namespace.item(norm))]
     assert values == pytest.approx([float(x.sum()), float(2 * x.sum())][: 2 if lists else 1], rel=1e-6)
+
+
+_COEF_FORMS = [lambda c: c, lambda c: torch.tensor(c, dtype=torch.float64)]  # Pure's: numbers, 0-d tensors
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (5,)], ids=["matrix", "vector"])
+def test_sm3_inplace_and_pure_agree(shape):
+    """SM3's own ops: `sm3_math.InPlace` writes what `sm3_math.Pure` returns."""
+    IP, P = sm3_math.InPlace, sm3_math.Pure
+    g, nu, low = _args(3, shape, torch.float32)
+    g = g - 1.0
+    low.view(-1)[0] = 0.0  # (an accumulator entry at 0: `scaled` gives 0 there)
+    snapshot = [t.clone() for t in (g, nu, low)]
+    for convert in _COEF_FORMS:
+        for c0, c2 in [(0.1, 0.9), (1.0, 1.0)]:
+            expected = IP.accumulate(low.clone(), g, c0, c2)
+            torch.testing.assert_close(P.accumulate(low, g, convert(c0), convert(c2)), expected)
+        accum = low.clone()
+        expected = IP.scaled(g, accum, 1e-3)
+        torch.testing.assert_close(P.scaled(g, accum, convert(1e-3)), expected)
+        assert expected.view(-1)[0] == 0
+        torch.testing.assert_close(P.ema(nu, g, convert(0.9)), IP.ema(nu.clone(), g, 0.9))
+    if len(shape) == 1:  # the accumulator is the vector itself, written by `accumulate`
+        accum = low.clone()
+        assert IP.per_axis(accum, [accum])[0] is accum
+        torch.testing.assert_close(P.per_axis(low, [low]), [low])
+    else:
+        mu = [torch.zeros(n) for n in shape]
+        expected = IP.per_axis(low, mu)
+        assert all(e is m for e, m in zip(expected, mu))
+        torch.testing.assert_close(P.per_axis(low, [torch.zeros(n) for n in shape]), expected)
+        torch.testing.assert_close(expected, [low.amax(1), low.amax(0)])
+    for t, before in zip((g, nu, low), snapshot):
+        assert torch.equal(t, before)
+
+
+@pytest.mark.parametrize("n", [1, 2], ids=["one", "two"])
+@pytest.mark.parametrize("in_place", ["IN_PLACE", "ScratchLists"])
+def test_distance_inplace_and_pure_agree(in_place, n):
+    """Prodigy's and D-Adaptation's own ops: the sums `IN_PLACE` reads on the host are
+    `PURE`'s 0-d tensors (`ScratchLists`'s temporaries too: its buffer holds a list of
+    one tensor)."""
+    IP = distance_math.IN_PLACE if in_place == "IN_PLACE" else distance_math.ScratchLists()
+    P = distance_math.PURE
+    shapes = [(3, 4), (5,)][:n]
+    xs = [_args(1, shape, torch.float32)[0] - 1.0 for shape in shapes]
+    ys = [_args(2, shape, torch.float32)[1] for shape in shapes]
+    t64 = _COEF_FORMS[1]
+    for got, expected in zip(P.dots([(xs, ys), (xs, xs)]), IP.dots([(xs, ys), (xs, xs)])):
+        assert float(got) == pytest.approx(expected, rel=1e-6)
+    assert float(P.add_dot(t64(0.5), t64(0.3), xs, ys)) == pytest.approx(
+        IP.add_dot(0.5, 0.3, xs, ys), rel=1e-6
+    )
+    assert float(P.add_l1(t64(0.5), t64(0.3), xs)) == pytest.approx(IP.add_l1(0.5, 0.3, xs), rel=1e-6)
+    assert float(P.maximum(t64(1.5), torch.tensor(2.5))) == IP.maximum(1.5, 2.5) == 2.5
+    assert P.sliced(xs, 1) is xs and IP.sliced(xs, 1) is xs
+    torch.testing.assert_close(P.sliced(xs, 2), IP.sliced(xs, 2))
+    assert P.no_sum(t64(1.0)) is IP.no_sum(1.0) is False  # (a sum of 0: `IN_PLACE` only reads it)
+    # the protocol ops `ScratchLists` writes into its buffer
+    torch.testing.assert_close(list(IP.sub(xs, ys)), P.sub(xs, ys))
+    torch.testing.assert_close(list(IP.sqrt(ys)), P.sqrt(ys))
+
+
+def test_schedule_free_inplace_and_pure_agree():
+    """Schedule-free's ``toward_``: `FOREACH` moves the params `y` towards `z`, `PURE`
+    returns that move as an update (added to one it is given)."""
+    FE, P = schedule_free_math.FOREACH, schedule_free_math.PURE
+    columns = list(zip(_args(2, (3, 4), torch.float32), _args(2, (), torch.float64)))
+    ys, zs = (TensorList(t.clone() for t in column) for column in columns)
+    y0 = [t.clone() for t in ys]
+    moved = FE.toward_(ys, ys, zs, 0.3)
+    assert moved is ys
+    for convert in _COEF_FORMS:
+        for y, z, m in zip(y0, zs, moved):
+            torch.testing.assert_close(y + P.toward_(None, y, z, convert(0.3)), m)
+            u = torch.full_like(y, 0.25)
+            torch.testing.assert_close(P.toward_(u, y, z, convert(0.3)), u + (m - y))
 
 
 def test_pure_accumulates_into_a_zero_update():

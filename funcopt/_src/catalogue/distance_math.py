@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from ..engine.ops import ForEach, Pure, TensorList, nonzero
+from ..engine.ops import ForEach, Ops, Pure, PureForEach, TensorList, nonzero
 
 __all__ = ["IN_PLACE", "PURE", "Group", "ScratchLists", "dadapt_step", "prodigy_step"]
 
@@ -159,29 +159,23 @@ def _tensor_sum(values: list[Tensor]) -> Tensor:
     return total
 
 
-class PureLists:
+class PureLists(PureForEach):
     """`Pure` on lists, leaf by leaf (coefficients may be 0-d tensors), with the sums as
-    0-d tensors."""
-
-    sub = _mapped(Pure.sub)
-    sqrt = _mapped(Pure.sqrt)
-    div = _mapped(Pure.div)
-    add_ = _mapped(Pure.add_)
-    mul_ = _mapped(Pure.mul_)
-    addcmul_ = _mapped(Pure.addcmul_)
-    addcdiv_ = _mapped(Pure.addcdiv_)
+    0-d tensors. The face of `PureForEach` (lists), but each op of the `Ops` protocol is
+    `Pure`'s taken leaf by leaf (set below the class), not `PureForEach`'s foreach op,
+    whose coefficients are numbers and whose ``sqrt`` no torch.func transform runs."""
 
     @staticmethod
-    def dot(xs: Sequence[Tensor], ys: Sequence[Tensor]) -> Tensor:
+    def _dot(xs: Sequence[Tensor], ys: Sequence[Tensor]) -> Tensor:
         return _tensor_sum([(x * y).sum() for x, y in zip(xs, ys)])
 
     @staticmethod
     def dots(pairs: Sequence[tuple[Sequence[Tensor], Sequence[Tensor]]]) -> tuple[Tensor, ...]:
-        return tuple(PureLists.dot(xs, ys) for xs, ys in pairs)
+        return tuple(PureLists._dot(xs, ys) for xs, ys in pairs)
 
     @staticmethod
     def add_dot(total: Coef, coef: Coef, xs: Sequence[Tensor], ys: Sequence[Tensor]) -> Tensor:
-        return total + coef * PureLists.dot(xs, ys)
+        return total + coef * PureLists._dot(xs, ys)
 
     @staticmethod
     def add_l1(total: Coef, coef: Coef, xs: Sequence[Tensor]) -> Tensor:
@@ -200,6 +194,9 @@ class PureLists:
         """Never read (the step stays one graph): a 0 sum gives optax's nan or inf."""
         return False
 
+
+for _name in (name for name in vars(Ops) if not name.startswith("_")):
+    setattr(PureLists, _name, _mapped(getattr(Pure, _name)))
 
 IN_PLACE = InPlaceLists()
 PURE = PureLists()

@@ -1,7 +1,8 @@
 """SM3's step of one tensor, written once: its accumulator kept as one vector per
-dimension, and its momentum. The functional `scale_by_sm3` runs it with `PURE` ops (new
-tensors, coefficients may be 0-d tensors); the drop-in class ``fo.SM3`` with `IN_PLACE`
-ops, which overwrite the vectors and the momentum (coefficients are numbers)."""
+dimension, and its momentum. The functional `scale_by_sm3` runs it with `PURE` ops (the
+engine's `Pure` and SM3's own: new tensors, coefficients may be 0-d tensors); the drop-in
+class ``fo.SM3`` with `IN_PLACE` ops (the engine's `InPlace` and SM3's own), which
+overwrite the vectors and the momentum (coefficients are numbers)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from ..engine import ops
 
 __all__ = ["IN_PLACE", "PURE", "sm3_moments"]
 
@@ -38,8 +41,9 @@ def outer_minimum(vs: list[Tensor]) -> Tensor:
     return torch.minimum(outer_minimum(vs[:h]), outer_minimum(vs[h:]))
 
 
-class InPlace:
-    """Writes into the accumulator vectors and the momentum."""
+class InPlace(ops.InPlace):
+    """The engine's `InPlace`, and SM3's own ops, which write into the accumulator
+    vectors and the momentum."""
 
     @staticmethod
     def accumulate(low: Tensor, g: Tensor, c0: Coef, c2: Coef) -> Tensor:
@@ -66,8 +70,8 @@ class InPlace:
         return [m.copy_(v) for m, v in zip(mu, axis_maxima(accum))]
 
 
-class Pure:
-    """Returns new tensors; mutates nothing."""
+class Pure(ops.Pure):
+    """The engine's `Pure`, and SM3's own ops: new tensors; mutates nothing."""
 
     @staticmethod
     def accumulate(low: Tensor, g: Tensor, c0: Coef, c2: Coef) -> Tensor:
