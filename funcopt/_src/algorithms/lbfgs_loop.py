@@ -25,10 +25,6 @@ class _Lists:
         self.stps: Any = state.get("old_stps")
         self.ro: Any = state.get("ro")
 
-    @property
-    def slots(self) -> int:
-        return len(self.dirs)
-
     def used(self, i: int) -> bool:
         return True
 
@@ -60,7 +56,7 @@ class _Buffers:
     def __init__(self, dirs: Tensor, stps: Tensor, ro: Tensor, al: Tensor, count: Tensor) -> None:
         self.dirs, self.stps, self.ro, self.count = dirs, stps, ro, count
         self.al = list(al.unbind(0))
-        self.size = self.slots = dirs.shape[0]
+        self.size = dirs.shape[0]
 
     def used(self, i: int) -> Tensor:
         return i < self.count
@@ -83,23 +79,50 @@ class _Buffers:
         self.count = S.where(condition, S.min(self.count + 1, self.size), self.count)
 
 
-def _direction(S: Any, history: Any, flat_grad: Tensor, H_diag: Any, run: Any) -> Tensor:
-    """torch's two-loop recursion: the gradient times the (negated) inverse-Hessian
-    approximation that the history makes, with ``H_diag`` as its initial scale. The
-    coefficients ``al`` are left in ``history.al``, as torch leaves them in its state,
-    where `run` (traced: the members of a batch that take this iteration)."""
-    al = history.al
-    q = flat_grad.neg()
-    for i in range(history.slots - 1, -1, -1):
-        used = S.and_(run, history.used(i))
-        al[i] = S.where(used, history.stps[i].dot(q) * history.ro[i], al[i])
-        q = S.where(used, S.axpy(q, history.dirs[i], -al[i]), q)
-    r = torch.mul(q, H_diag)
-    for i in range(history.slots):
-        used = S.and_(run, history.used(i))
-        be_i = history.dirs[i].dot(r) * history.ro[i]
-        r = S.where(used, S.axpy(r, history.stps[i], al[i] - be_i), r)
+def _two_loop(
+    q: Any,
+    s: Any,
+    y: Any,
+    rho: Any,
+    scale: Any,
+    al: list[Any],
+    *,
+    dot: Callable[[Any, Any], Any],
+    axpy: Callable[[Any, Any, Any], Any],
+    mul: Callable[[Any, Any], Any],
+    where: Callable[[Any, Any, Any], Any],
+    used: Callable[[int], Any],
+) -> Any:
+    """The two-loop recursion (Nocedal and Wright, Algorithm 7.4), written once for
+    torch's direction (`_direction`) and optax's (``scale_by_lbfgs``,
+    catalogue/lbfgs_scaling.py): `q` times the inverse-Hessian approximation that the
+    pairs ``s[i]``, ``y[i]``, ``rho[i] = 1 / <y[i], s[i]>`` (lists or stacked rows,
+    oldest first) make from `scale` times the identity. The vector ops: ``dot(a, b)``,
+    ``axpy(x, b, a)`` (``x + a * b``), ``mul(x, scale)``; a pair takes part where
+    ``used(i)`` (``where`` picks). The coefficients are left in `al` (the old entry
+    where a pair takes no part)."""
+    for i in range(len(rho) - 1, -1, -1):
+        use = used(i)
+        al[i] = where(use, dot(s[i], q) * rho[i], al[i])
+        q = where(use, axpy(q, y[i], -al[i]), q)
+    r = mul(q, scale)
+    for i in range(len(rho)):
+        be_i = dot(y[i], r) * rho[i]
+        r = where(used(i), axpy(r, s[i], al[i] - be_i), r)
     return r
+
+
+def _direction(S: Any, history: Any, flat_grad: Tensor, H_diag: Any, run: Any) -> Tensor:
+    """torch's two-loop recursion (`_two_loop` on the flat vectors): the gradient times
+    the (negated) inverse-Hessian approximation that the history makes, with ``H_diag``
+    as its initial scale. The coefficients ``al`` are left in ``history.al``, as torch
+    leaves them in its state, where `run` (traced: the members of a batch that take
+    this iteration)."""
+    return _two_loop(
+        flat_grad.neg(), history.stps, history.dirs, history.ro, H_diag, history.al,
+        dot=torch.dot, axpy=S.axpy, mul=torch.mul, where=S.where,
+        used=lambda i: S.and_(run, history.used(i)),
+    )  # fmt: skip
 
 
 class _Step:

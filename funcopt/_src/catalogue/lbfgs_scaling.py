@@ -20,6 +20,7 @@ import optree
 import torch
 from torch import Tensor
 
+from ..algorithms.lbfgs_loop import _two_loop
 from ..core.base import GradientTransformation, Params, State, Updates
 from ..core.hyperparams import _increment
 from ._common import _check_state, _count, check_params, device_of, norm, sq_norm
@@ -55,24 +56,24 @@ def _row(tree: Any, i: int) -> Any:
     return optree.tree_map(lambda x: x[i], tree)
 
 
-def _add_scale(x: Any, eta: Tensor, y: Any) -> Any:
+def _add_scale(x: Any, y: Any, eta: Tensor) -> Any:
     return optree.tree_map(lambda a, b: a + eta.to(a.real.dtype) * b, x, y)
+
+
+def _scale(x: Any, scale: Tensor) -> Any:
+    return optree.tree_map(lambda v: scale.to(v.real.dtype) * v, x)
 
 
 def _precondition(updates: Any, dws: Any, dus: Any, rhos: Tensor, scale: Tensor) -> Any:
     """The two-loop recursion over the memory rows, oldest first (optax's
-    ``_precondition_by_lbfgs``; the rows are already in that order)."""
+    ``_precondition_by_lbfgs``; the rows are already in that order): torch's L-BFGS's
+    (algorithms/lbfgs_loop.py `_two_loop`) on trees, with every row in use (an unused
+    row is zero, with a zero weight)."""
     m = rhos.shape[0]
-    alphas: list[Tensor] = [rhos[0]] * m
-    vec = updates
-    for i in reversed(range(m)):
-        alphas[i] = rhos[i] * real_dot(_row(dws, i), vec)
-        vec = _add_scale(vec, -alphas[i], _row(dus, i))
-    vec = optree.tree_map(lambda v: scale.to(v.real.dtype) * v, vec)
-    for i in range(m):
-        beta = rhos[i] * real_dot(_row(dus, i), vec)
-        vec = _add_scale(vec, alphas[i] - beta, _row(dws, i))
-    return vec
+    return _two_loop(
+        updates, [_row(dws, i) for i in range(m)], [_row(dus, i) for i in range(m)], rhos, scale, [None] * m,
+        dot=real_dot, axpy=_add_scale, mul=_scale, where=lambda use, a, b: a, used=lambda i: True,
+    )  # fmt: skip
 
 
 def _lbfgs_update(
