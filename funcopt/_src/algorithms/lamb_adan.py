@@ -24,6 +24,8 @@ from ..core.base import Params
 from ..engine.algorithm import Algorithm
 from ..engine.bounds import Bound, Check, Hyperparams
 from ..engine.ops import Coef, InPlace, Ops, nonzero, power
+from .adam import _denominator as adam_denominator
+from .adam import _first_moment as adam_first_moment
 from .adam import _second_moment as second_moment
 
 __all__ = ["ADABELIEF", "ADAN", "CAUTIOUS_ADAN", "LAMB", "AdaBeliefState", "AdanState", "LambState"]
@@ -117,13 +119,12 @@ def _lamb_math(
         )
     if grad_divisor is not None and (isinstance(grad_divisor, Tensor) or grad_divisor != 1.0):
         g = o.div(g, grad_divisor)  # fo.Lamb's global-norm clip
-    if grad_averaging:
-        exp_avg = o.lerp_(exp_avg, g, 1 - beta1)
-    else:
-        exp_avg = o.add_(o.mul_(exp_avg, beta1), g)
-    exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), g, g, value=1 - beta2)
-    denom = o.add_(o.div_(o.sqrt(exp_avg_sq), bc2_sqrt), eps)
-    update = o.div_(o.div(exp_avg, bc1), denom)  # Adam's step
+    # Adam's moments and denominator (algorithms/adam.py); timm's first moment without
+    # grad_averaging sums the gradient undamped
+    exp_avg = adam_first_moment(o, exp_avg, g, beta1) if grad_averaging else o.add_(o.mul_(exp_avg, beta1), g)
+    exp_avg_sq = second_moment(o, exp_avg_sq, g, beta2, False)
+    denom = adam_denominator(o, exp_avg_sq, bc2_sqrt, eps)
+    update = o.div_(o.div(exp_avg, bc1), denom)  # timm's (m / bc1) / denom, apart from the step
     if caution:
         update = cautious(o, update, g)
     adapt = nonzero(weight_decay) or always_adapt
