@@ -27,6 +27,7 @@ from ..engine.ops import Coef, InPlace, Ops, nonzero, power
 from .adam import _denominator as adam_denominator
 from .adam import _first_moment as adam_first_moment
 from .adam import _second_moment as second_moment
+from .catalogue_more import trust_ratio
 
 __all__ = ["ADABELIEF", "ADAN", "CAUTIOUS_ADAN", "LAMB", "AdaBeliefState", "AdanState", "LambState"]
 
@@ -93,13 +94,12 @@ def _lamb_schedule(
 
 
 def _trust_ratio(param_norm: Coef, update_norm: Coef, clip: bool = False) -> Coef:
-    """``|p| / |u|``, or 1 where either is 0; at most 1 with `clip` (timm's LAMBC)."""
-    if isinstance(param_norm, Tensor) or isinstance(update_norm, Tensor):
-        zero = (param_norm == 0) | (update_norm == 0)
-        ratio = torch.where(zero, 1.0, param_norm / torch.where(zero, 1.0, update_norm))
-        return torch.clamp(ratio, max=1.0) if clip else ratio
-    number = 1.0 if param_norm == 0 or update_norm == 0 else param_norm / update_norm
-    return min(number, 1.0) if clip else number
+    """``|p| / |u|``, or 1 where either is 0 (LARS's `trust_ratio`); at most 1 with `clip`
+    (timm's LAMBC)."""
+    ratio = trust_ratio(param_norm, update_norm)
+    if not clip:
+        return ratio
+    return torch.clamp(ratio, max=1.0) if isinstance(ratio, Tensor) else min(ratio, 1.0)
 
 
 def _lamb_math(
