@@ -200,6 +200,15 @@ def test_scaling_block_matches_optax(case):
     run_both(fo.chain(tx, fo.scale(-0.05)), optax.chain(otx, optax.scale(-0.05)), tol=tol)
 
 
+def test_trust_ratio_gradient_at_a_zero_update():
+    """The trust ratio (Lars's, algorithms/catalogue_more.py) is 1 where the update's norm
+    is 0, and its gradient there finite: the division it does not take is guarded."""
+    p, u = torch.tensor([3.0, 4.0], requires_grad=True), torch.zeros(2, requires_grad=True)
+    out = fo.scale_by_trust_ratio(eps=0.0).update([u], fo.EmptyState(), [p])[0][0]
+    p_grad, u_grad = torch.autograd.grad(out.sum(), (p, u))
+    assert torch.equal(p_grad, torch.zeros(2)) and torch.equal(u_grad, torch.ones(2))
+
+
 @pytest.mark.parametrize("variant", ["sps", "sps+"])
 def test_polyak_matches_optax(variant):
     hp = {"f_min": 0.5, "max_learning_rate": 0.3, "eps": 1e-3, "variant": variant}

@@ -97,6 +97,14 @@ def _complement(beta: Coef, like: Any) -> Coef:
     return 1 - torch.tensor(beta, dtype=dtype).item()
 
 
+def _first_moment(
+    o: Ops, exp_avg: Tensor, g: Tensor, beta1: Coef, beta1_in_param_dtype: bool = False
+) -> Tensor:
+    """``beta1 * m + (1 - beta1) * g`` as torch's ``lerp_``, its weight ``1 - beta1``
+    computed from beta1 rounded to `g`'s dtype with `beta1_in_param_dtype` (see `_complement`)."""
+    return o.lerp_(exp_avg, g, _complement(beta1, g) if beta1_in_param_dtype else 1 - beta1)
+
+
 def _second_moment(o: Ops, exp_avg_sq: Tensor, g: Tensor, beta2: Coef, lerp: bool) -> Tensor:
     """``beta2 * v + (1 - beta2) * |g|^2``: torch's ``mul_`` then ``addcmul_``, or one
     ``lerp`` (optax's form) with `lerp` or for a complex `g` (whose square is ``|g|^2``,
@@ -108,6 +116,11 @@ def _second_moment(o: Ops, exp_avg_sq: Tensor, g: Tensor, beta2: Coef, lerp: boo
     if lerp:
         return o.lerp_(exp_avg_sq, o.mul(g, g), 1 - beta2)
     return o.addcmul_(o.mul_(exp_avg_sq, beta2), g, g, value=1 - beta2)
+
+
+def _denominator(o: Ops, second: Tensor, bias_correction2_sqrt: Coef, eps: Coef) -> Tensor:
+    """torch's ``sqrt(v) / sqrt(1 - beta2**t) + eps``, a new tensor (`second` is kept)."""
+    return o.add_(o.div_(o.sqrt(second), bias_correction2_sqrt), eps)
 
 
 def _elementwise(
@@ -151,7 +164,7 @@ def _elementwise(
             out = o.decay_(out, p, decay)
         else:
             g = o.add(g, p, alpha=weight_decay)
-    exp_avg = o.lerp_(exp_avg, g, _complement(beta1, g) if beta1_in_param_dtype else 1 - beta1)
+    exp_avg = _first_moment(o, exp_avg, g, beta1, beta1_in_param_dtype)
     exp_avg_sq = _second_moment(o, exp_avg_sq, g, beta2, lerp_second_moment)
     second = exp_avg_sq
     quotient_max = amsgrad and max_of_quotient
@@ -173,7 +186,7 @@ def _elementwise(
             root = o.sqrt_(denom)
         denom = o.add_(root, eps)
     else:  # torch's sqrt(v) / sqrt(bc2)
-        denom = o.add_(o.div_(o.sqrt(second), bias_correction2_sqrt), eps)
+        denom = _denominator(o, second, bias_correction2_sqrt, eps)
     if nesterov:  # no tensor alpha: the `Pure` and in-place ops then round alike
         momentum_weight, grad_weight = coefficients[4:]
         numerator = o.add_(o.mul(exp_avg, momentum_weight), o.mul(g, grad_weight))

@@ -336,6 +336,25 @@ def _lars_initial(*, momentum: Coef = 0.0, **_: Any) -> LarsState:
     return LarsState(momentum_buffer=AtFirstStep(0.0) if nonzero(momentum) else None)
 
 
+def trust_ratio(
+    w_norm: Coef, u_norm: Coef, trust_coeff: Coef = 1.0, eps: Coef = 0.0, weight_decay: Coef | None = None
+) -> Coef:
+    """The layer-wise trust ratio ``trust_coeff * |w| / (|u| + eps)``, or 1 where either
+    norm is 0: timm's LARS with the ``weight_decay * |w|`` its denominator adds (the decay
+    joins the update after the ratio), optax's ``scale_by_trust_ratio`` (catalogue/scaling.py)
+    without (`weight_decay` None: the decay is in its update already). Norms as numbers (the
+    torch classes read them) or tensors; the division is guarded where a norm is 0, so that
+    a gradient through the ratio stays finite there."""
+    if isinstance(w_norm, Tensor) or isinstance(u_norm, Tensor):
+        zero = (w_norm == 0) | (u_norm == 0)
+        denominator = u_norm if weight_decay is None else u_norm + w_norm * weight_decay
+        return torch.where(zero, 1.0, trust_coeff * w_norm / torch.where(zero, 1.0, denominator + eps))
+    if w_norm == 0 or u_norm == 0:
+        return 1.0
+    denominator = u_norm if weight_decay is None else u_norm + w_norm * weight_decay
+    return trust_coeff * w_norm / (denominator + eps)
+
+
 def _lars_ratio(
     w_norm: Coef,
     g_norm: Coef,
@@ -346,19 +365,13 @@ def _lars_ratio(
     eps: Coef,
     trust_clip: bool,
 ) -> Coef:
-    """timm's ``trust_coeff * |p| / (|g| + weight_decay * |p| + eps)``, or 1 where either
-    norm is 0; with `trust_clip` (LARC), divided by lr and at most 1."""
-    if isinstance(w_norm, Tensor) or isinstance(g_norm, Tensor):
-        zero = (w_norm == 0) | (g_norm == 0)
-        ratio = torch.where(zero, 1.0, trust_coeff * w_norm / (g_norm + w_norm * weight_decay + eps))
-        return torch.clamp(ratio / lr, max=1.0) if trust_clip else ratio
-    number = (
-        1.0 if w_norm == 0 or g_norm == 0 else trust_coeff * w_norm / (g_norm + w_norm * weight_decay + eps)
-    )
-    if trust_clip:
-        number = number / lr  # (a tensor where lr is one)
-        return torch.clamp(number, max=1.0) if isinstance(number, Tensor) else min(number, 1.0)
-    return number
+    """timm's ``trust_coeff * |p| / (|g| + weight_decay * |p| + eps)`` (`trust_ratio`), or 1
+    where either norm is 0; with `trust_clip` (LARC), divided by lr and at most 1."""
+    ratio = trust_ratio(w_norm, g_norm, trust_coeff, eps, weight_decay)
+    if not trust_clip:
+        return ratio
+    ratio = ratio / lr  # (a tensor where lr is one)
+    return torch.clamp(ratio, max=1.0) if isinstance(ratio, Tensor) else min(ratio, 1.0)
 
 
 def _lars_math(

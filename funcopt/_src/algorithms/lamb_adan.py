@@ -24,7 +24,10 @@ from ..core.base import Params
 from ..engine.algorithm import Algorithm
 from ..engine.bounds import Bound, Check, Hyperparams
 from ..engine.ops import Coef, InPlace, Ops, nonzero, power
+from .adam import _denominator as adam_denominator
+from .adam import _first_moment as adam_first_moment
 from .adam import _second_moment as second_moment
+from .catalogue_more import trust_ratio
 
 __all__ = ["ADABELIEF", "ADAN", "CAUTIOUS_ADAN", "LAMB", "AdaBeliefState", "AdanState", "LambState"]
 
@@ -91,13 +94,12 @@ def _lamb_schedule(
 
 
 def _trust_ratio(param_norm: Coef, update_norm: Coef, clip: bool = False) -> Coef:
-    """``|p| / |u|``, or 1 where either is 0; at most 1 with `clip` (timm's LAMBC)."""
-    if isinstance(param_norm, Tensor) or isinstance(update_norm, Tensor):
-        zero = (param_norm == 0) | (update_norm == 0)
-        ratio = torch.where(zero, 1.0, param_norm / torch.where(zero, 1.0, update_norm))
-        return torch.clamp(ratio, max=1.0) if clip else ratio
-    number = 1.0 if param_norm == 0 or update_norm == 0 else param_norm / update_norm
-    return min(number, 1.0) if clip else number
+    """``|p| / |u|``, or 1 where either is 0 (LARS's `trust_ratio`); at most 1 with `clip`
+    (timm's LAMBC)."""
+    ratio = trust_ratio(param_norm, update_norm)
+    if not clip:
+        return ratio
+    return torch.clamp(ratio, max=1.0) if isinstance(ratio, Tensor) else min(ratio, 1.0)
 
 
 def _lamb_math(
@@ -117,13 +119,12 @@ def _lamb_math(
         )
     if grad_divisor is not None and (isinstance(grad_divisor, Tensor) or grad_divisor != 1.0):
         g = o.div(g, grad_divisor)  # fo.Lamb's global-norm clip
-    if grad_averaging:
-        exp_avg = o.lerp_(exp_avg, g, 1 - beta1)
-    else:
-        exp_avg = o.add_(o.mul_(exp_avg, beta1), g)
-    exp_avg_sq = o.addcmul_(o.mul_(exp_avg_sq, beta2), g, g, value=1 - beta2)
-    denom = o.add_(o.div_(o.sqrt(exp_avg_sq), bc2_sqrt), eps)
-    update = o.div_(o.div(exp_avg, bc1), denom)  # Adam's step
+    # Adam's moments and denominator (algorithms/adam.py); timm's first moment without
+    # grad_averaging sums the gradient undamped
+    exp_avg = adam_first_moment(o, exp_avg, g, beta1) if grad_averaging else o.add_(o.mul_(exp_avg, beta1), g)
+    exp_avg_sq = second_moment(o, exp_avg_sq, g, beta2, False)
+    denom = adam_denominator(o, exp_avg_sq, bc2_sqrt, eps)
+    update = o.div_(o.div(exp_avg, bc1), denom)  # timm's (m / bc1) / denom, apart from the step
     if caution:
         update = cautious(o, update, g)
     adapt = nonzero(weight_decay) or always_adapt

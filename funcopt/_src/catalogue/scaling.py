@@ -15,6 +15,7 @@ import optree
 import torch
 from torch import Tensor
 
+from ..algorithms.catalogue_more import trust_ratio
 from ..core.base import GradientTransformation, Params, State, Updates, empty_init
 from ..core.hyperparams import accepts_schedules
 from ..engine.ops import safe_sqrt
@@ -76,9 +77,7 @@ def _trust_ratio_update(
 
     def one(u: Tensor, p: Tensor) -> tuple[Tensor]:
         p_norm, u_norm = _safe_norm(p, coef(min_norm, p)), _safe_norm(u, coef(min_norm, u))
-        ratio = coef(trust_coefficient, u) * p_norm / (u_norm + coef(eps, u))
-        zero = (p_norm == 0.0) | (u_norm == 0.0)
-        return (u * torch.where(zero, torch.ones_like(ratio), ratio),)
+        return (u * trust_ratio(p_norm, u_norm, coef(trust_coefficient, u), coef(eps, u)),)
 
     return leafwise(who, one, updates, params)[0], state
 
@@ -90,6 +89,8 @@ def scale_by_trust_ratio(
     """Scale each leaf's update by the trust ratio ``trust_coefficient * |param| /
     (|update| + eps)`` (LARS, LAMB; optax's ``scale_by_trust_ratio``); 1 where either
     norm is zero. Norms below `min_norm` count as `min_norm`. `update` needs the params.
+    The ratio is ``fo.Lars``'s (``trust_ratio`` in algorithms/catalogue_more.py), without
+    the weight-decay term timm adds to its denominator.
 
     Example:
         >>> import torch, funcopt as fo
