@@ -273,7 +273,7 @@ def _adan_step(
     if nonzero(eps_root):  # optax's sqrt(n / bc3 + eps_root)
         denom = o.add_(o.sqrt_(o.add_(o.div(exp_avg_sq, bc3), eps_root)), eps)
     else:
-        denom = o.add_(o.div_(o.sqrt(exp_avg_sq), bc3_sqrt), eps)
+        denom = adam_denominator(o, exp_avg_sq, bc3_sqrt, eps)
     if nonzero(weight_decay):
         out = o.decay_(out, p, decay)
     step = exp_avg
@@ -405,7 +405,7 @@ def _adabelief_math(
     if amsgrad:
         max_exp_avg_var = o.maximum_(max_exp_avg_var, exp_avg_var)
     if not rectify:
-        denom = o.add_(o.div_(o.sqrt(max_exp_avg_var if amsgrad else exp_avg_var), bc2_sqrt), eps)
+        denom = adam_denominator(o, max_exp_avg_var if amsgrad else exp_avg_var, bc2_sqrt, eps)
         numerator = exp_avg
         if nesterov:
             momentum_weight, grad_weight = coefficients[5:]
