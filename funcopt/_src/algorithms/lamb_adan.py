@@ -402,10 +402,11 @@ def _adabelief_math(
     residual = o.sub(g, exp_avg)
     exp_avg_var = second_moment(o, exp_avg_var, residual, beta2, False)  # |.|^2 of a complex update
     exp_avg_var = o.add_(exp_avg_var, eps if eps_root is None else eps_root)  # timm adds eps at each step
+    second = exp_avg_var
     if amsgrad:
-        max_exp_avg_var = o.maximum_(max_exp_avg_var, exp_avg_var)
+        second = max_exp_avg_var = o.maximum_(max_exp_avg_var, exp_avg_var)
     if not rectify:
-        denom = adam_denominator(o, max_exp_avg_var if amsgrad else exp_avg_var, bc2_sqrt, eps)
+        denom = adam_denominator(o, second, bc2_sqrt, eps)
         numerator = exp_avg
         if nesterov:
             momentum_weight, grad_weight = coefficients[5:]
