@@ -14,7 +14,9 @@ from funcopt._src.engine.inplace import (
     BLOCKS,
     CHUNKS,
     FRESH,
+    FUSED,
     IN_PLACE,
+    KERNEL,
     LISTS,
     RECORDED,
     VECTORS,
@@ -44,6 +46,15 @@ def test_in_place_on_the_cpu():
 def test_in_place_without_buffers_takes_lists():
     """SGD without momentum: one foreach call per op for all, as torch's foreach step."""
     assert routes([TINY_VECTOR, LARGE], IN_PLACE, with_buffers=False) == {LISTS: [0, 1]}
+
+
+def test_fused_takes_kernels_for_the_larger_cpu_params():
+    """``fused=True``: a CPU param of more than TINY elements by its compiled kernel (dense
+    or not: fused.py runs one that is not dense alike as in place), the others as in place."""
+    tensors = [TINY_VECTOR, TINY_MATRIX, MEDIUM, LARGE, LARGE_T, TINY_VECTOR, LARGE.to("meta")]
+    assert routes(tensors, FUSED) == {KERNEL: [2, 3, 4], VECTORS: [0, 5], CHUNKS: [1], LISTS: [6]}
+    assert routes([TINY_VECTOR, TINY_MATRIX], FUSED) == routes([TINY_VECTOR, TINY_MATRIX], IN_PLACE)
+    assert routes([TINY_VECTOR, LARGE], FUSED, with_buffers=False) == {KERNEL: [1], LISTS: [0]}
 
 
 def test_off_the_cpu_takes_lists():

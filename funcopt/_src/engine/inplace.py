@@ -22,8 +22,8 @@ torch's foreach path does.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -66,6 +66,9 @@ BLOCKS = "blocks"
 memory, `fresh_step`)."""
 WHOLE = "whole"
 """By itself, whole: in place (`run`), else with the `Pure` ops (new tensors)."""
+KERNEL = "kernel"
+"""In place, by itself, by a compiled kernel of its math (``fused=True``: torch/fused.py),
+where it is dense (else as `IN_PLACE` would run it)."""
 
 IN_PLACE = "in place"
 """The adapters' step: params and buffers updated in place."""
@@ -73,6 +76,9 @@ FRESH = "fresh"
 """The functional update in plain eager mode: new tensors, computed in place in fresh memory."""
 RECORDED = "recorded"
 """The functional update where autograd records (a MAML inner loop): out-of-place ops."""
+FUSED = "fused"
+"""`IN_PLACE` with compiled kernels (``fused=True``): a CPU param of more than `TINY`
+elements takes its `KERNEL`."""
 WRITTEN_BACK = "written back"
 """`RECORDED`, its results then written into the params and state (the adapters' pure
 step): no foreach op, whose saved inputs the writes would overwrite (torch's
@@ -82,7 +88,7 @@ differentiable optimizers take none either)."""
 def plan(likes: Sequence[Tensor], buffers: Sequence[Sequence[Any]], face: str) -> dict[str, list[int]]:
     """How each param of a group runs its math, for each face the same rules: the
     indices of the params that take each way (`LISTS`, `VECTORS`, `CHUNKS`, `BLOCKS`,
-    `WHOLE`). The params share their schedule, their dtype, which buffers they have,
+    `WHOLE`, `KERNEL`). The params share their schedule, their dtype, which buffers they have,
     and, but in place, their device; `likes` are the params (the gradients, for an
     update without params), `buffers` each buffer's column (Nones where absent).
 
@@ -99,10 +105,21 @@ def plan(likes: Sequence[Tensor], buffers: Sequence[Sequence[Any]], face: str) -
       autograd records, per-tensor ops (`WHOLE`): torch's foreach ops save every input
       for the backward pass, per-tensor ops only what they need.
     - Anything else: `WHOLE`.
+    - With ``fused=True`` (`FUSED`), a CPU param of more than `TINY` elements: its
+      compiled kernel (`KERNEL`), one pass over its memory.
     """
     every = list(range(len(likes)))
     if not every or face == WRITTEN_BACK:
         return {WHOLE: every}
+    if face == FUSED:  # the larger CPU params by their kernels, the others as in place
+        large = [t.is_cpu and t.numel() > TINY for t in likes]
+        others = [i for i in every if not large[i]]
+        fused = {KERNEL: [i for i in every if large[i]]} if any(large) else {}
+        if others:
+            likes_left, *buffers_left = pick((likes, *buffers), others)
+            for route, chosen in plan(likes_left, buffers_left, IN_PLACE).items():
+                fused[route] = chosen if len(others) == len(every) else [others[j] for j in chosen]
+        return fused
     routes: dict[str, list[int]] = {}
     if face == RECORDED:
         for i, t in enumerate(likes):
@@ -320,15 +337,19 @@ class Chunks:
 
 
 def step_dense(algorithm: Any, coefficients: Any, hyperparams: Any, ps: Sequence[Tensor],
-               gs: Sequence[Tensor], buffers: Sequence[Sequence[Any]]) -> None:  # fmt: skip
-    """Step params in place, each the way `plan` says (`IN_PLACE`). The params (real,
-    dense, with per-element math) share their schedule and dtype; `buffers` holds each
-    buffer's column (Nones where absent from all)."""
+               gs: Sequence[Tensor], buffers: Sequence[Sequence[Any]],
+               kernel: Callable[..., None] | None = None) -> None:  # fmt: skip
+    """Step params in place, each the way `plan` says (`IN_PLACE`, or `FUSED` with a
+    `kernel`, which steps the `KERNEL` params: ``kernel(ps, gs, buffers)``). The params
+    (real, dense, with per-element math) share their schedule and dtype; `buffers` holds
+    each buffer's column (Nones where absent from all)."""
     chunks = Chunks(algorithm, hyperparams)
-    routes = plan(ps, buffers, IN_PLACE)
+    routes = plan(ps, buffers, IN_PLACE if kernel is None else FUSED)
     for route, indices in routes.items():
         group = pick((ps, gs, *buffers), indices)
-        if route == VECTORS:
+        if route == KERNEL:
+            cast(Callable[..., None], kernel)(group[0], group[1], group[2:])
+        elif route == VECTORS:
             chunks.add_vectors(coefficients, group[0], group[1], group[2:])
         elif route == LISTS:
             for columns in _by_device(group):

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -94,33 +94,43 @@ _KERNELS: dict[Any, Callable[..., None]] = {}
 
 def step_dense(algorithm: Algorithm, coefficients: Any, hyperparams: Hyperparams, ps: Sequence[Tensor],
                gs: Sequence[Tensor], buffers: Sequence[Sequence[Any]]) -> None:  # fmt: skip
-    """`inplace.step_dense` for a fused group: each CPU param of more than `inplace.TINY`
-    elements whose tensors are dense alike by its compiled kernel, the others as
-    `inplace.step_dense` steps them. Raises (before anything changes) where a buffer's
-    dtype is not its param's: the model was converted after the state was made."""
-    kernel_rows: list[list[Tensor]] = []
-    rest: list[int] = []
-    for i, (p, g) in enumerate(zip(ps, gs)):
-        present = [column[i] for column in buffers if column[i] is not None]
-        if any(b.dtype != p.dtype for b in present):  # the adapter names the cause
-            raise RuntimeError("a state's dtype differs from its param's")
-        views = None
-        if p.numel() > inplace.TINY and p.is_cpu and g.dtype == p.dtype:  # tiny ones step in chunks
-            views = [flat(t, p) for t in (p, g, *present)]
-        if views is None or any(v is None for v in views):
-            rest.append(i)
-        else:
-            kernel_rows.append([v for v in views if v is not None])
-    if rest:
-        inplace.step_dense(algorithm, coefficients, hyperparams, [ps[i] for i in rest], [gs[i] for i in rest],
-                           [[column[i] for i in rest] for column in buffers])  # fmt: skip
-    if not kernel_rows:
-        return
+    """`inplace.step_dense` for a fused group (`inplace.FUSED`): each CPU param of more
+    than `inplace.TINY` elements whose tensors are dense alike by its compiled kernel,
+    the others as in place. Raises (before anything changes) where a buffer's dtype is
+    not its param's: the model was converted after the state was made."""
+    for i, p in enumerate(ps):
+        if any(column[i] is not None and column[i].dtype != p.dtype for column in buffers):
+            raise RuntimeError("a state's dtype differs from its param's")  # the adapter names the cause
+
+    def kernels(ps: Sequence[Tensor], gs: Sequence[Tensor], buffers: Sequence[Sequence[Any]]) -> None:
+        rows: list[list[Tensor]] = []
+        rest: list[int] = []  # not dense alike: as in place
+        for i, (p, g) in enumerate(zip(ps, gs)):
+            present = [column[i] for column in buffers if column[i] is not None]
+            views = [flat(t, p) for t in (p, g, *present)] if g.dtype == p.dtype else [None]
+            if any(v is None for v in views):
+                rest.append(i)
+            else:
+                rows.append(cast(list[Tensor], views))
+        if rest:
+            rest_ps, rest_gs, *rest_buffers = inplace.pick((ps, gs, *buffers), rest)
+            inplace.step_dense(algorithm, coefficients, hyperparams, rest_ps, rest_gs, rest_buffers)
+        if rows:
+            _run_kernels(
+                algorithm, coefficients, hyperparams, rows, tuple(column[0] is None for column in buffers)
+            )
+
+    inplace.step_dense(algorithm, coefficients, hyperparams, ps, gs, buffers, kernel=kernels)
+
+
+def _run_kernels(algorithm: Algorithm, coefficients: Any, hyperparams: Hyperparams, rows: list[list[Tensor]],
+                 absent: tuple[bool, ...]) -> None:  # fmt: skip
+    """Each row of flat tensors ``(p, g, *present buffers)`` by the compiled kernel of its
+    structure (`_kernel`, made at its first use)."""
     static, names, values = _split(hyperparams)
     scalars = torch.tensor([float(c) for c in coefficients] + values, dtype=torch.float64)
     choices = tuple(isinstance(c, bool) for c in coefficients)
-    absent = tuple(column[0] is None for column in buffers)  # alike in a group
-    for flats in kernel_rows:
+    for flats in rows:
         structure = (algorithm, static, names, choices, absent, flats[0].dtype, torch.get_num_threads())
         kernel = _KERNELS.get(structure)
         if kernel is None:
