@@ -27,7 +27,7 @@ from ..algorithms.radam import RADAM
 from ..core.base import GradientTransformation, Params, State, Updates
 from ..core.hyperparams import accepts_schedules
 from ..engine.ops import nonzero
-from ..transforms.blocks import wide_dtype
+from ..transforms.blocks import wide_count, wide_dtype
 from ..transforms.clipping import Scalar, coef, map_updates
 from ..transforms.from_algorithm import BlockMath, betas_and_eps, step_leaves
 from ..transforms.moments import ScaleByAdamState
@@ -84,10 +84,9 @@ def _belief_update(
     rate of -1 (``transforms/from_algorithm.py``), its coefficients from its schedule."""
     who = "scale_by_belief update"
     _check_state(state, ScaleByBeliefState, who)
-    wide = wide_dtype(state.count)
     nesterov = bool(nesterov)
     _, coefficients = ADABELIEF.schedule(
-        state.count.to(wide), lr=-1, betas=(b1, b2), weight_decay=0, rectify=False, nesterov=nesterov
+        wide_count(state.count), lr=-1, betas=(b1, b2), weight_decay=0, rectify=False, nesterov=nesterov
     )
     math = BlockMath(
         ADABELIEF.elementwise, 4, betas_and_eps, absent=1, weight_decay=0, rectify=False, nesterov=nesterov
@@ -260,8 +259,7 @@ def _yogi_update(
     (``transforms/from_algorithm.py``), its coefficients from its schedule."""
     who = "scale_by_yogi update"
     _check_state(state, ScaleByAdamState, who)
-    wide = wide_dtype(state.count)
-    _, coefficients = YOGI.schedule(state.count.to(wide), lr=-1, betas=(b1, b2))
+    _, coefficients = YOGI.schedule(wide_count(state.count), lr=-1, betas=(b1, b2))
     math = BlockMath(YOGI.elementwise, 4, betas_and_eps)
     scalars = (*coefficients, b1, b2, eps, eps_root)
     out, (mu, nu) = step_leaves(who, math, scalars, updates, state, ("mu", "nu"), (None, None))
@@ -315,9 +313,8 @@ def _amsgrad_update(
     ``nu_max``, the running maximum of ``nu / bc2`` (``max_of_quotient``)."""
     who = "scale_by_amsgrad update"
     _check_state(state, ScaleByAmsgradState, who)
-    wide = wide_dtype(state.count)
     _, (step_size, bc2_sqrt, bc2, decay) = adam._schedule(
-        state.count.to(wide), lr=-1, betas=(b1, b2), weight_decay=0, counter_dtypes=(None,)
+        wide_count(state.count), lr=-1, betas=(b1, b2), weight_decay=0, counter_dtypes=(None,)
     )
     math = BlockMath(
         adam._elementwise, 4, betas_and_eps, weight_decay=0, amsgrad=True, maximize=False,
@@ -365,8 +362,7 @@ def _adamax_update(
     (``transforms/from_algorithm.py``), its coefficients from its schedule."""
     who = "scale_by_adamax update"
     _check_state(state, ScaleByAdamState, who)
-    wide = wide_dtype(state.count)
-    _, coefficients = ADAMAX.schedule(state.count.to(wide), lr=-1, betas=(b1, b2))
+    _, coefficients = ADAMAX.schedule(wide_count(state.count), lr=-1, betas=(b1, b2))
     math = BlockMath(ADAMAX.elementwise, 3, _adamax_hyperparams, weight_decay=0, maximize=False)
     scalars = (*coefficients, b1, b2, eps)
     out, (mu, nu) = step_leaves(who, math, scalars, updates, state, ("mu", "nu"), (None, None))
@@ -418,9 +414,10 @@ def _adan_update(
     weight ``1 - b2`` of the gradient difference (``diff_weight``) and its `eps_root`."""
     who = "scale_by_adan update"
     _check_state(state, ScaleByAdanState, who)
-    wide = wide_dtype(state.t)
     betas = (b1, b2, b3)
-    _, coefficients = ADAN.schedule(state.t.to(wide), lr=-1, betas=betas, weight_decay=0, diff_weight=1 - b2)
+    _, coefficients = ADAN.schedule(
+        wide_count(state.t), lr=-1, betas=betas, weight_decay=0, diff_weight=1 - b2
+    )
     scalars = (*coefficients, *betas, 1 - b2, eps, eps_root)
     fields = ("m", "v", "n", "g")
     out, (m, v, n, g) = step_leaves(who, _adan_math, scalars, updates, state, fields, (None,) * 4)
@@ -486,8 +483,7 @@ def _novograd_update(
     who = "scale_by_novograd update"
     _check_state(state, ScaleByNovogradState, who)
     check_params(who, params)
-    wide = wide_dtype(state.count)
-    _, coefficients = NOVOGRAD.schedule(state.count.to(wide), lr=-1, weight_decay=0)
+    _, coefficients = NOVOGRAD.schedule(wide_count(state.count), lr=-1, weight_decay=0)
     math = BlockMath(NOVOGRAD.elementwise, 5, _novograd_hyperparams, absent=1, first_step=state.count == 0)
     scalars = (*coefficients, b1, b2, eps, eps_root, weight_decay)
     fields, stored = ("mu", "nu"), (mu_dtype, "own")

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from ..algorithms.catalogue_more import ADEMAMIX, ADOPT, MADGRAD
 from ..core.base import GradientTransformation, Params, State, Updates, chain
-from ..transforms.blocks import add_decayed_weights, scale_by_learning_rate, wide_dtype
+from ..transforms.blocks import add_decayed_weights, scale_by_learning_rate, wide_count
 from ..transforms.clipping import Scalar, coef
 from ..transforms.from_algorithm import BlockMath, step_leaves
 from ..transforms.moments import ScaleByAdamState
@@ -172,8 +172,7 @@ def _ademamix_update(
     `alpha` at ``count_m2``."""
     who = "scale_by_ademamix update"
     _check_state(state, ScaleByAdemamixState, who)
-    wide = wide_dtype(state.count)
-    _, coefficients = ADEMAMIX.schedule(state.count.to(wide), lr=-1, betas=(b1, b2))
+    _, coefficients = ADEMAMIX.schedule(wide_count(state.count), lr=-1, betas=(b1, b2))
     math = BlockMath(ADEMAMIX.elementwise, 6, _ademamix_hyperparams, weight_decay=0)
     c_b3, c_alpha = _at(b3, state.count_m2), _at(alpha, state.count_m2)
     scalars = (*coefficients, b1, b2, c_b3, c_alpha, eps, eps_root)

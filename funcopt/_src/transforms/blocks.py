@@ -73,6 +73,11 @@ def wide_dtype(count: Tensor) -> torch.dtype:
     return torch.float32 if count.device.type == "mps" else torch.float64
 
 
+def wide_count(count: Tensor) -> Tensor:
+    """`count` in `wide_dtype`: what an algorithm's schedule takes, run for a block."""
+    return count.to(wide_dtype(count))
+
+
 def _bias_correction(decay: Scalar, count: Tensor) -> Tensor:
     """``1 - decay**count`` as a 0-d tensor, computed in float64 (where the device has it):
     in float32 it loses digits where ``decay**count`` is near 1 (see the API contract)."""

@@ -33,7 +33,7 @@ from .blocks import (
     _count,
     _increment,
     _zeros,
-    wide_dtype,
+    wide_count,
 )
 from .clipping import Scalar, coef
 from .from_algorithm import BlockMath, betas_and_eps, step_leaves
@@ -234,9 +234,8 @@ def _adam_scalars(
 ) -> tuple[Any, ...]:
     """`_adam_math`'s coefficients and per-step hyperparameters after `count` steps: Adam's
     schedule (``adam._schedule``) with a learning rate of -1, in float64 (float32 on MPS)."""
-    wide = wide_dtype(count)
     _, coefficients = adam._schedule(
-        count.to(wide), lr=-1, betas=(b1, b2), weight_decay=0, counter_dtypes=(None,), nesterov=nesterov
+        wide_count(count), lr=-1, betas=(b1, b2), weight_decay=0, counter_dtypes=(None,), nesterov=nesterov
     )
     # the denominator is optax's sqrt(nu / bc2 + eps_root) + eps (`root_of_quotient`): the
     # math reads no sqrt(bc2), given as 1
